@@ -1,0 +1,29 @@
+"""The timeline model: spans, waterfalls and the recorder that builds them. No I/O here."""
+
+from ._clock import ClockAnchor, process_anchor, take_anchor
+from ._recorder import Recorder
+from ._span import AttrValue, Span, exclusive_ns
+from ._stages import CLIENT_STAGES, METRICS, RESIDUALS, ROOT_NAME, SERVER_STAGES, Source
+from ._tokens import distribute_tokens, per_token_gaps_ns
+from ._waterfall import ConnectionInfo, TlsInfo, Waterfall
+
+__all__ = [
+    "CLIENT_STAGES",
+    "METRICS",
+    "RESIDUALS",
+    "ROOT_NAME",
+    "SERVER_STAGES",
+    "AttrValue",
+    "ClockAnchor",
+    "ConnectionInfo",
+    "Recorder",
+    "Source",
+    "Span",
+    "TlsInfo",
+    "Waterfall",
+    "distribute_tokens",
+    "exclusive_ns",
+    "per_token_gaps_ns",
+    "process_anchor",
+    "take_anchor",
+]

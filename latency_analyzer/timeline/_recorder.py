@@ -1,0 +1,203 @@
+"""The mutable side: capture code marks instants on a Recorder, which hands out a Waterfall."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import UsageError
+from ._clock import ClockAnchor, process_anchor
+from ._span import AttrValue, Span
+from ._stages import ROOT_NAME
+from ._tokens import distribute_tokens
+from ._waterfall import ConnectionInfo, TlsInfo, Waterfall
+
+__all__ = ["Recorder"]
+
+
+@dataclass(slots=True)
+class _Chunk:
+    time_ns: int
+    weight: int  # characters of content + reasoning: used to split a usage total over chunks
+    tokens: int | None  # known per-chunk count (continuous usage stats), else None
+    reasoning: bool
+
+
+class Recorder:
+    """Collects the instants of one request as they happen; ``finish()`` freezes them.
+
+    Stages before the response (``pool_wait`` … ``send``) are marked with ``begin``/``end`` or
+    ``add``. The response phase is derived from three kinds of marks, so every transport
+    (HTTP/1.1, HTTP/2, non-streaming) builds it the same way: ``response_headers``, one
+    ``chunk`` per content-carrying chunk, and the end given to ``finish``:
+    ``wait`` = send end → headers, ``first_token`` = headers → first chunk,
+    ``decode`` = first → last chunk, ``tail`` = last chunk (or headers) → end.
+
+    Timestamps are ``perf_counter_ns`` values read by the caller; nothing here reads a clock
+    except the process anchor.
+    """
+
+    def __init__(
+        self,
+        method: str,
+        url: str,
+        *,
+        start_ns: int,
+        intended_start_ns: int | None = None,
+        anchor: ClockAnchor | None = None,
+    ) -> None:
+        self.method = method
+        self.url = url
+        self.start_ns = start_ns
+        self.intended_start_ns = intended_start_ns
+        self.anchor = anchor if anchor is not None else process_anchor()
+        self._spans: list[Span] = []
+        self._open: dict[str, tuple[int, dict[str, AttrValue]]] = {}
+        self._chunks: list[_Chunk] = []
+        self.headers_ns: int | None = None
+        self.status: int | None = None
+        self.http_version: str | None = None
+        self.tls: TlsInfo | None = None
+        self.connection = ConnectionInfo()
+        self.error: str | None = None
+        self.error_type: str | None = None
+        self.usage_prompt: int | None = None
+        self.usage_completion: int | None = None
+        self.attributes: dict[str, AttrValue] = {}
+        self._finished = False
+
+    # -- stages --
+    def begin(self, name: str, t_ns: int, **attrs: AttrValue) -> None:
+        """Open stage ``name`` at ``t_ns``."""
+        if name in self._open:
+            raise UsageError(f"stage {name!r} is already open")
+        self._open[name] = (t_ns, dict(attrs))
+
+    def end(self, name: str, t_ns: int, **attrs: AttrValue) -> None:
+        """Close the open stage ``name`` at ``t_ns``, adding ``attrs``."""
+        try:
+            start, opened = self._open.pop(name)
+        except KeyError:
+            raise UsageError(f"stage {name!r} was not begun") from None
+        opened.update(attrs)
+        self.add(name, start, max(start, t_ns), **opened)
+
+    def add(self, name: str, start_ns: int, end_ns: int, **attrs: AttrValue) -> None:
+        """Record a closed stage."""
+        self._spans.append(Span(name, start_ns, end_ns, "client", attrs))
+
+    def is_open(self, name: str) -> bool:
+        return name in self._open
+
+    def has(self, name: str) -> bool:
+        """True if a closed stage ``name`` was recorded."""
+        return any(s.name == name for s in self._spans)
+
+    def span_end(self, name: str) -> int | None:
+        """End of the last closed stage called ``name``."""
+        ends = [s.end_ns for s in self._spans if s.name == name]
+        return ends[-1] if ends else None
+
+    # -- response --
+    def response_headers(self, t_ns: int, status: int) -> None:
+        """The response headers were complete at ``t_ns``."""
+        self.headers_ns = t_ns
+        self.status = status
+
+    def chunk(
+        self, t_ns: int, weight: int, tokens: int | None = None, reasoning: bool = False
+    ) -> None:
+        """A content-carrying chunk arrived at ``t_ns`` (role-only or empty chunks are not)."""
+        self._chunks.append(_Chunk(t_ns, weight, tokens, reasoning))
+
+    def usage(self, prompt_tokens: int | None, completion_tokens: int | None) -> None:
+        """The server's own token counts (OpenAI ``usage``)."""
+        if prompt_tokens is not None:
+            self.usage_prompt = prompt_tokens
+        if completion_tokens is not None:
+            self.usage_completion = completion_tokens
+
+    def fail(self, error_type: str, message: str, t_ns: int) -> None:
+        """Record a failure at ``t_ns``; the first failure wins, later ones are kept as notes."""
+        if self.error is None:
+            self.error_type, self.error = error_type, message
+        else:
+            self.attributes.setdefault("later_error", f"{error_type}: {message}")
+        for name in list(self._open):
+            self.end(name, t_ns, interrupted=True)
+
+    # -- freezing --
+    def finish(self, t_ns: int) -> Waterfall:
+        """Close what is open at ``t_ns`` (the stream end or the failure) and freeze."""
+        if self._finished:
+            raise UsageError("this recorder already finished")
+        self._finished = True
+        for name in list(self._open):
+            self.end(name, t_ns, interrupted=self.error is not None)
+        end_ns = max([t_ns, *(s.end_ns for s in self._spans)])
+        spans = [*self._lag_span(), *self._spans, *self._response_spans(end_ns)]
+        root_start = self.start_ns if self.intended_start_ns is None else self.intended_start_ns
+        root = Span(ROOT_NAME, root_start, end_ns, "client", {}, tuple(spans))
+        times, tokens, n_out, source = self._token_counts()
+        reasoning = [c.time_ns for c in self._chunks if c.reasoning]
+        answer = [c.time_ns for c in self._chunks if not c.reasoning]
+        return Waterfall(
+            root=root,
+            method=self.method,
+            url=self.url,
+            status=self.status,
+            http_version=self.http_version,
+            error=self.error,
+            error_type=self.error_type,
+            chunk_times_ns=times,
+            chunk_tokens=tokens,
+            first_reasoning_ns=reasoning[0] if reasoning else None,
+            first_answer_ns=answer[0] if answer else None,
+            output_tokens=n_out,
+            output_tokens_source=source,
+            input_tokens=self.usage_prompt,
+            tls=self.tls,
+            connection=self.connection,
+            anchor=self.anchor,
+            attributes=self.attributes,
+        )
+
+    def _lag_span(self) -> list[Span]:
+        if self.intended_start_ns is None:
+            return []
+        lo = min(self.intended_start_ns, self.start_ns)
+        return [Span("schedule_lag", lo, self.start_ns)]
+
+    def _response_spans(self, end_ns: int) -> list[Span]:
+        """wait / first_token / decode / tail from the response marks."""
+        send_end = self.span_end("send")
+        if send_end is None:
+            return []
+        failed = {"interrupted": True} if self.error is not None else {}
+        if self.headers_ns is None:
+            return [Span("wait", send_end, max(send_end, end_ns), "client", failed)]
+        headers = max(self.headers_ns, self.start_ns)
+        out = [Span("wait", min(send_end, headers), headers)]
+        last = headers
+        if self._chunks:
+            first, last = self._chunks[0].time_ns, self._chunks[-1].time_ns
+            out.append(Span("first_token", headers, first))
+            out.append(Span("decode", first, last))
+        out.append(Span("tail", last, max(last, end_ns), "client", failed))
+        return out
+
+    def _token_counts(self) -> tuple[tuple[int, ...], tuple[int, ...], int | None, str | None]:
+        """Chunk times, tokens per chunk, output tokens and where that count came from."""
+        times = tuple(c.time_ns for c in self._chunks)
+        if all(c.tokens is not None for c in self._chunks) and self._chunks:
+            known = tuple(c.tokens or 0 for c in self._chunks)
+            return times, known, sum(known), "continuous_usage"
+        total = self.usage_completion
+        if total is not None:
+            split = distribute_tokens(total, [c.weight for c in self._chunks])
+            if split is not None:
+                return times, tuple(split), total, "usage"
+            if not self._chunks:
+                return times, (), total, "usage"
+            self.attributes["usage_mismatch"] = f"usage says {total} tokens in {len(times)} chunks"
+        n = len(times)
+        return times, (1,) * n, (n if n else None), ("chunks" if n else None)

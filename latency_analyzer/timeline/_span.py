@@ -1,0 +1,112 @@
+"""Timed spans and the exclusive-time attribution that sums exactly to the root's duration."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from ..errors import UsageError
+from ._stages import Source
+
+__all__ = ["AttrValue", "Span", "exclusive_ns"]
+
+AttrValue = str | int | float | bool | None
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """One timed interval of a request: a stage, a server span or a profile slice.
+
+    Attributes:
+        name: stage name from the vocabulary (``dns``, ``tls``, ...), or the server's own name.
+        start_ns: start on the clock of ``source`` (client: ``perf_counter_ns``).
+        end_ns: end on the same clock; never before ``start_ns``.
+        source: who measured it: ``client``, ``server`` or ``profile``.
+        attributes: read-only extra facts (TLS version, a server's raw span name, ...).
+        children: spans inside this one, in start order.
+    """
+
+    name: str
+    start_ns: int
+    end_ns: int
+    source: Source = "client"
+    attributes: Mapping[str, AttrValue] = field(default_factory=dict, hash=False)
+    children: tuple[Span, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.end_ns < self.start_ns:
+            raise UsageError(
+                f"span {self.name!r} ends before it starts ({self.start_ns} > {self.end_ns})"
+            )
+        if not isinstance(self.attributes, MappingProxyType):
+            object.__setattr__(self, "attributes", MappingProxyType(dict(self.attributes)))
+        ordered = tuple(sorted(self.children, key=lambda s: (s.start_ns, s.end_ns)))
+        if ordered != self.children:
+            object.__setattr__(self, "children", ordered)
+
+    @property
+    def duration_ns(self) -> int:
+        """Length in nanoseconds."""
+        return self.end_ns - self.start_ns
+
+    @property
+    def duration(self) -> float:
+        """Length in seconds."""
+        return self.duration_ns / 1e9
+
+    def walk(self) -> Iterator[Span]:
+        """This span, then every descendant, depth first in start order."""
+        yield self
+        for child in self.children:
+            yield from child.walk()
+
+    def find(self, name: str, source: Source | None = None) -> Span | None:
+        """The first descendant (or self) called ``name``, optionally from ``source``."""
+        for span in self.walk():
+            if span.name == name and (source is None or span.source == source):
+                return span
+        return None
+
+
+def _residual_name(span: Span, is_root: bool) -> str:
+    if is_root:
+        return "other"
+    if any(child.source != span.source for child in span.children):
+        return "network"
+    return span.name
+
+
+def _attribute(span: Span, lo: int, hi: int, is_root: bool, out: dict[str, int]) -> None:
+    """Add the self time of ``span`` clipped to ``[lo, hi]``, then recurse.
+
+    Children are clipped to their parent and to the end of the previous sibling (earlier start
+    wins an overlap), so every nanosecond of the root is counted exactly once.
+    """
+    start, end = max(span.start_ns, lo), min(span.end_ns, hi)
+    key = _residual_name(span, is_root)
+    out.setdefault(key, 0)
+    if end <= start:
+        return
+    cursor = start
+    covered = 0
+    for child in span.children:
+        c_start, c_end = max(child.start_ns, cursor), min(child.end_ns, end)
+        if c_end < c_start:
+            continue
+        _attribute(child, c_start, c_end, False, out)
+        covered += c_end - c_start
+        cursor = c_end
+    out[key] += (end - start) - covered
+
+
+def exclusive_ns(root: Span) -> dict[str, int]:
+    """Exclusive (self) time per name along the tree; values sum to ``root.duration_ns``.
+
+    The root's own self time is named ``other``; a span holding children from another source
+    (server spans inside a client stage) names its self time ``network``.
+    """
+    out: dict[str, int] = {}
+    _attribute(root, root.start_ns, root.end_ns, True, out)
+    out["other"] = out.pop("other")  # residual last, so dicts read in path order
+    return out

@@ -1,0 +1,229 @@
+"""The immutable record of one request: its span tree plus the metrics users ask about."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from ..errors import RequestError
+from ._clock import ClockAnchor
+from ._span import AttrValue, Span, exclusive_ns
+from ._tokens import per_token_gaps_ns
+
+__all__ = ["ConnectionInfo", "TlsInfo", "Waterfall"]
+
+
+@dataclass(frozen=True, slots=True)
+class TlsInfo:
+    """What the TLS handshake settled (None fields: not known)."""
+
+    version: str | None = None
+    cipher: str | None = None
+    alpn: str | None = None
+    session_reused: bool | None = None
+    server_hostname: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionInfo:
+    """The connection a request travelled on.
+
+    Attributes:
+        reused: True when the request took an idle pooled connection (no dns/connect/tls).
+        connection_id: a process-unique number per connection, to group requests by connection.
+        peer: ``host:port`` of the peer, when known.
+        requests_before: how many earlier requests this connection carried.
+    """
+
+    reused: bool = False
+    connection_id: int | None = None
+    peer: str | None = None
+    requests_before: int = 0
+
+
+def _s(ns: float | None) -> float | None:
+    return None if ns is None else ns / 1e9
+
+
+@dataclass(frozen=True, slots=True)
+class Waterfall:
+    """Where the time of one request went. Built by a ``Recorder``; immutable.
+
+    ``root`` spans from the request's start (its intended start, in an open-loop run) to its
+    end; its children are the client stages. Token arrivals are kept per content-carrying chunk
+    (``chunk_times_ns``) with the number of tokens each chunk carried (``chunk_tokens``).
+    """
+
+    root: Span
+    method: str
+    url: str
+    status: int | None = None
+    http_version: str | None = None
+    error: str | None = None
+    error_type: str | None = None
+    chunk_times_ns: tuple[int, ...] = ()
+    chunk_tokens: tuple[int, ...] = ()
+    first_reasoning_ns: int | None = None
+    first_answer_ns: int | None = None
+    output_tokens: int | None = None
+    output_tokens_source: str | None = None
+    input_tokens: int | None = None
+    tls: TlsInfo | None = None
+    connection: ConnectionInfo = field(default_factory=ConnectionInfo)
+    anchor: ClockAnchor | None = None
+    attributes: Mapping[str, AttrValue] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.attributes, MappingProxyType):
+            object.__setattr__(self, "attributes", MappingProxyType(dict(self.attributes)))
+
+    # -- whole request -------------------------------------------------------------------------
+    @property
+    def start_ns(self) -> int:
+        return self.root.start_ns
+
+    @property
+    def end_ns(self) -> int:
+        return self.root.end_ns
+
+    @property
+    def e2e_ns(self) -> int:
+        """End-to-end nanoseconds: start (intended start in open loop) to stream end or failure."""
+        return self.root.duration_ns
+
+    @property
+    def e2e(self) -> float:
+        return self.e2e_ns / 1e9
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def start_epoch_ns(self) -> int | None:
+        """The start as Unix epoch ns (through the process's clock anchor)."""
+        return None if self.anchor is None else self.anchor.to_epoch_ns(self.start_ns)
+
+    # -- stages --
+    @property
+    def stages(self) -> dict[str, Span]:
+        """Client stages by name, in path order (the first span of each name)."""
+        out: dict[str, Span] = {}
+        for span in self.root.children:
+            out.setdefault(span.name, span)
+        return out
+
+    def stage(self, name: str) -> Span | None:
+        """The client stage called ``name``, or None if the request never had it."""
+        return self.stages.get(name)
+
+    def attribution_ns(self) -> dict[str, int]:
+        """Exclusive nanoseconds per stage; the values sum to ``e2e_ns`` exactly."""
+        return exclusive_ns(self.root)
+
+    def attribution(self) -> dict[str, float]:
+        """Exclusive seconds per stage (``network``/``other`` for what no stage explains).
+
+        Computed from integer nanoseconds, so ``math.fsum`` of the values equals ``e2e``.
+        """
+        return {name: ns / 1e9 for name, ns in self.attribution_ns().items()}
+
+    # -- tokens --
+    @property
+    def first_token_ns(self) -> int | None:
+        return self.chunk_times_ns[0] if self.chunk_times_ns else None
+
+    @property
+    def last_token_ns(self) -> int | None:
+        return self.chunk_times_ns[-1] if self.chunk_times_ns else None
+
+    @property
+    def ttft_ns(self) -> int | None:
+        """Start to the first content-carrying chunk (reasoning or answer)."""
+        first = self.first_token_ns
+        return None if first is None else first - self.start_ns
+
+    @property
+    def ttft(self) -> float | None:
+        return _s(self.ttft_ns)
+
+    @property
+    def ttfrt(self) -> float | None:
+        """Time to first reasoning token (``reasoning_content``), None without reasoning."""
+        t = self.first_reasoning_ns
+        return None if t is None else (t - self.start_ns) / 1e9
+
+    @property
+    def ttfat(self) -> float | None:
+        """Time to first answer token (``content``), excluding reasoning."""
+        t = self.first_answer_ns
+        return None if t is None else (t - self.start_ns) / 1e9
+
+    @property
+    def tpot(self) -> float | None:
+        """(last token - first token) / (output tokens - 1); None below two tokens."""
+        n = self.output_tokens
+        first, last = self.first_token_ns, self.last_token_ns
+        if n is None or n < 2 or first is None or last is None:
+            return None
+        return (last - first) / (n - 1) / 1e9
+
+    @property
+    def itl(self) -> tuple[float, ...]:
+        """Per-token gaps in seconds (a chunk of k tokens gives k equal gaps); mean == tpot."""
+        return tuple(g / 1e9 for g in per_token_gaps_ns(self.chunk_times_ns, self.chunk_tokens))
+
+    @property
+    def chunk_gaps(self) -> tuple[float, ...]:
+        """Gaps in seconds between consecutive content-carrying chunks, as received."""
+        t = self.chunk_times_ns
+        return tuple((t[i] - t[i - 1]) / 1e9 for i in range(1, len(t)))
+
+    # -- conveniences --
+    def raise_for_error(self) -> Waterfall:
+        """Raise ``RequestError`` if the request failed; return self otherwise."""
+        if self.error is not None:
+            raise RequestError(self.error_type or "error", self.error)
+        return self
+
+    def summary(self) -> dict[str, object]:
+        """The CLI ``--json`` object of DESIGN.md (plus a few more keys)."""
+        stages = self.attribution()
+        return {
+            "e2e_s": self.e2e,
+            "ttft_s": self.ttft,
+            "tpot_s": self.tpot,
+            "output_tokens": self.output_tokens,
+            "http_version": self.http_version,
+            "stages": stages,
+            "error": self.error,
+            "error_type": self.error_type,
+            "status": self.status,
+            "method": self.method,
+            "url": self.url,
+            "input_tokens": self.input_tokens,
+            "output_tokens_source": self.output_tokens_source,
+            "ttfrt_s": self.ttfrt,
+            "ttfat_s": self.ttfat,
+            "itl_s": list(self.itl),
+            "chunk_gaps_s": list(self.chunk_gaps),
+            "connection_reused": self.connection.reused,
+            "tls": None if self.tls is None else _tls_dict(self.tls),
+            "start_epoch_ns": self.start_epoch_ns,
+        }
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{k}={v * 1e3:.2f}ms" for k, v in self.attribution().items() if v)
+        status = f"error={self.error_type!r}" if self.error else f"status={self.status}"
+        return f"<Waterfall {self.method} {self.url} {status} e2e={self.e2e * 1e3:.2f}ms {parts}>"
+
+
+def _tls_dict(tls: TlsInfo) -> dict[str, object]:
+    return {
+        "version": tls.version,
+        "cipher": tls.cipher,
+        "alpn": tls.alpn,
+        "session_reused": tls.session_reused,
+        "server_hostname": tls.server_hostname,
+    }
