@@ -1,0 +1,183 @@
+"""Sans-IO server-sent events parser (WHATWG "event stream interpretation").
+
+The transport hands in each received network chunk together with its arrival time::
+
+    parser = SSEParser()
+    for chunk, t in chunks:
+        for event in parser.feed(chunk, t):
+            ...
+    parser.close(t_end)
+    if parser.truncated:
+        ...  # the stream ended inside an event or inside a line
+
+Lines are split with bytes methods (no per-byte Python loop) and decoded one complete line at a
+time, so a multi-byte UTF-8 character split across two feeds is never decoded in halves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["SSEEvent", "SSEParser"]
+
+_BOM = b"\xef\xbb\xbf"
+_COLON = 0x3A
+_LF = 0x0A
+_CR = 0x0D
+
+
+@dataclass(frozen=True, slots=True)
+class SSEEvent:
+    """One dispatched event.
+
+    Attributes:
+        data: the data lines joined with "\\n".
+        event: the event type; "message" when the stream named none.
+        id: the last event ID seen so far in the stream (it persists across events, as in the
+            spec); None while the stream has not sent any ``id`` field.
+        retry: the ``retry`` value (ms) sent within this event's lines, else None.
+        time_ns: the time of the ``feed()`` call that delivered the blank line completing it.
+    """
+
+    data: str
+    event: str
+    id: str | None
+    retry: int | None
+    time_ns: int
+
+
+class SSEParser:
+    """Incremental event-stream parser: ``feed(bytes, time_ns)`` then ``close(time_ns)``."""
+
+    def __init__(self) -> None:
+        self._tail = bytearray()  # the current partial line (never holds CR or LF)
+        self._bom_checked = False
+        self._skip_lf = False  # the last feed ended with CR: a leading LF completes a CRLF
+        self._closed = False
+        self._truncated = False
+        self._data: list[str] = []
+        self._event = ""
+        self._event_retry: int | None = None
+        self._in_event = False  # a field line was seen since the last blank line
+        self._last_id: str | None = None
+        self.comments = 0
+        """Comment lines seen (``:`` lines: keep-alive pings and the like)."""
+        self.retry: int | None = None
+        """The stream's latest valid ``retry`` value in ms (the spec's reconnection time)."""
+
+    @property
+    def truncated(self) -> bool:
+        """True when ``close()`` found an undispatched event or a partial line pending."""
+        return self._truncated
+
+    @property
+    def closed(self) -> bool:
+        """True once ``close()`` has been called."""
+        return self._closed
+
+    def feed(self, data: bytes, time_ns: int) -> list[SSEEvent]:
+        """Parse one received chunk.
+
+        Args:
+            data: the bytes as received, any split (even inside a UTF-8 character or a CRLF).
+            time_ns: when they arrived (``time.perf_counter_ns()``); stamped on every event this
+                chunk completes.
+
+        Returns:
+            The events completed by this chunk, in order.
+
+        Raises:
+            RuntimeError: ``feed()`` after ``close()``.
+        """
+        if self._closed:
+            raise RuntimeError("SSEParser.feed() called after close()")
+        if self._skip_lf and data:
+            self._skip_lf = False
+            if data[0] == _LF:
+                data = data[1:]
+        if not self._bom_checked:
+            data = self._strip_bom(data)
+        if not data:
+            return []
+        if b"\n" not in data and b"\r" not in data:
+            self._tail += data
+            return []
+        if self._tail:
+            data = bytes(self._tail) + data
+            self._tail.clear()
+        # A CR ends its line now; remember it so a LF opening the next feed is not a new line.
+        self._skip_lf = data[-1] == _CR
+        if b"\r" in data:
+            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        lines = data.split(b"\n")
+        self._tail += lines.pop()
+        return self._process(lines, time_ns)
+
+    def close(self, time_ns: int) -> list[SSEEvent]:
+        """End of stream. Per the spec an incomplete event is discarded, never dispatched.
+
+        Args:
+            time_ns: when the stream ended (kept for symmetry with ``feed``).
+
+        Returns:
+            Always an empty list; see ``truncated`` for whether anything was dropped.
+        """
+        del time_ns
+        if not self._closed:
+            self._closed = True
+            self._truncated = bool(self._tail) or self._in_event
+        return []
+
+    def _strip_bom(self, data: bytes) -> bytes:
+        """Drop one leading UTF-8 BOM, which may itself arrive split across feeds."""
+        if self._tail:
+            data = bytes(self._tail) + data
+            self._tail.clear()
+        if len(data) < len(_BOM) and _BOM.startswith(data):
+            self._tail += data  # could still become a BOM: decide on the next feed
+            return b""
+        self._bom_checked = True
+        return data[len(_BOM) :] if data.startswith(_BOM) else data
+
+    def _process(self, lines: list[bytes], time_ns: int) -> list[SSEEvent]:
+        events: list[SSEEvent] = []
+        for line in lines:
+            if not line:
+                event = self._dispatch(time_ns)
+                if event is not None:
+                    events.append(event)
+            elif line[0] == _COLON:
+                self.comments += 1
+            else:
+                self._field(line.decode("utf-8", "replace"))
+        return events
+
+    def _field(self, line: str) -> None:
+        name, colon, value = line.partition(":")
+        if colon and value[:1] == " ":
+            value = value[1:]
+        self._in_event = True
+        if name == "data":
+            self._data.append(value)
+        elif name == "event":
+            self._event = value
+        elif name == "id":
+            if "\0" not in value:
+                self._last_id = value
+        elif name == "retry" and value.isascii() and value.isdigit():
+            self._event_retry = self.retry = int(value)
+        # any other field name is ignored, as the spec requires
+
+    def _dispatch(self, time_ns: int) -> SSEEvent | None:
+        data, event, retry = self._data, self._event, self._event_retry
+        self._data, self._event, self._event_retry = [], "", None
+        self._in_event = False
+        if not data:
+            return None
+        return SSEEvent(
+            data="\n".join(data),
+            event=event or "message",
+            id=self._last_id,
+            retry=retry,
+            time_ns=time_ns,
+        )
