@@ -1,0 +1,198 @@
+"""Precise sleeping, loopback checks and the background-loop runner shared by the test bed.
+
+``asyncio.sleep(d)`` is not precise enough to inject known delays: the selector rounds its
+timeout up to whole milliseconds, so a 10 ms sleep often lasts 10.9 ms. :func:`sleep_until`
+sleeps on the event loop until shortly before an absolute deadline, then spins (yielding the
+GIL and the loop) until the deadline has passed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import socket
+import struct
+import threading
+import time
+from collections.abc import Coroutine
+from types import TracebackType
+from typing import Any, Generic, TypeVar
+
+__all__ = [
+    "SPIN_NS",
+    "Service",
+    "ThreadRunner",
+    "abort_with_rst",
+    "check_loopback",
+    "deadline_after",
+    "sleep_until",
+]
+
+#: How long before a deadline :func:`sleep_until` stops sleeping on the loop and starts
+#: spinning. The selector rounds timeouts up to whole milliseconds (twice, so 8.5 ms can become
+#: 10 ms) and a VM adds a few hundred microseconds of wake-up latency: 1.5 ms was measured to
+#: overshoot by ~0.3 ms at the median, 3 ms lands within ~5 us.
+SPIN_NS = 3_000_000
+
+#: Below this much remaining time the spin stops calling ``time.sleep(0)``, which itself can
+#: take ~80 us (timer slack), and only yields to the event loop.
+_TIGHT_SPIN_NS = 200_000
+
+_START_TIMEOUT_S = 10.0
+
+S = TypeVar("S", bound="Service")
+T = TypeVar("T")
+
+
+async def sleep_until(deadline_ns: int) -> None:
+    """Return as soon as ``time.perf_counter_ns()`` has reached ``deadline_ns``.
+
+    Sleeps on the event loop until :data:`SPIN_NS` before the deadline, then spins. Each spin
+    step calls ``asyncio.sleep(0)`` (lets other tasks on this loop run) and, until the last
+    200 us, ``time.sleep(0)`` (lets other threads take the GIL), so a server and a client
+    sharing one loop or one process both keep making progress. A deadline in the past
+    returns after a single yield to the loop.
+    """
+    remaining = deadline_ns - time.perf_counter_ns()
+    if remaining > SPIN_NS:
+        await asyncio.sleep((remaining - SPIN_NS) / 1e9)
+    await asyncio.sleep(0)
+    while (remaining := deadline_ns - time.perf_counter_ns()) > 0:
+        if remaining > _TIGHT_SPIN_NS:
+            time.sleep(0)
+        await asyncio.sleep(0)
+
+
+def deadline_after(start_ns: int, seconds: float) -> int:
+    """Return the absolute ``perf_counter_ns`` deadline ``seconds`` after ``start_ns``."""
+    return start_ns + round(seconds * 1e9)
+
+
+def check_loopback(host: str) -> str:
+    """Return ``host`` if it is a loopback IP literal (127.0.0.0/8 or ::1), else raise.
+
+    Raises:
+        ValueError: ``host`` is a name or a non-loopback address; the test bed never binds
+            anything but loopback.
+    """
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        raise ValueError(f"test bed servers bind loopback IP literals only, got {host!r}") from None
+    if not address.is_loopback:
+        raise ValueError(f"test bed servers bind loopback addresses only, got {host!r}")
+    return host
+
+
+def abort_with_rst(transport: asyncio.BaseTransport) -> None:
+    """Close ``transport`` with a TCP RST (SO_LINGER 0) instead of a FIN."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):  # already closed: nothing left to reset
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    if isinstance(transport, asyncio.WriteTransport):
+        transport.abort()
+    else:
+        transport.close()
+
+
+class Service:
+    """Base of the loopback servers: ``start()``/``stop()`` plus both runner styles.
+
+    ``async with server:`` runs it on the current event loop; ``with server.run_in_thread():``
+    runs it on a private event loop in a daemon thread (for synchronous callers).
+    """
+
+    async def start(self) -> None:
+        """Bind and start serving."""
+        raise NotImplementedError
+
+    async def stop(self) -> None:
+        """Stop serving and close every connection."""
+        raise NotImplementedError
+
+    async def __aenter__(self: S) -> S:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    def run_in_thread(self: S) -> ThreadRunner[S]:
+        """Return a sync context manager running this server on its own loop in a thread."""
+        return ThreadRunner(self)
+
+
+class ThreadRunner(Generic[S]):
+    """Runs a :class:`Service` on a private event loop in a daemon thread.
+
+    ``__enter__`` returns the started service; ``__exit__`` stops it, cancels whatever is left
+    on the loop and joins the thread. Reading plain attributes of the service (counters,
+    record lists) from the calling thread is safe.
+    """
+
+    def __init__(self, service: S) -> None:
+        self.service = service
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> S:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        self._thread = threading.Thread(
+            target=_run_loop, args=(loop,), name=f"testbed-{type(self.service).__name__}"
+        )
+        self._thread.daemon = True
+        self._thread.start()
+        try:
+            self.call(self.service.start())
+        except BaseException:
+            self._shutdown()
+            raise
+        return self.service
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            self.call(self.service.stop())
+        finally:
+            self._shutdown()
+
+    def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the server's loop and return its result (blocks the caller)."""
+        if self._loop is None:
+            coro.close()
+            raise RuntimeError("the thread runner is not running")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(_START_TIMEOUT_S)
+
+    def _shutdown(self) -> None:
+        if self._loop is not None and self._thread is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(_START_TIMEOUT_S)
+        self._loop = None
+        self._thread = None
+
+
+def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
+    """Thread body: run ``loop`` until stopped, then cancel leftovers and close it."""
+    asyncio.set_event_loop(loop)
+    try:
+        loop.run_forever()
+        tasks = asyncio.all_tasks(loop)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+    finally:
+        loop.close()

@@ -1,0 +1,225 @@
+"""A userspace TCP proxy that delays every chunk, in both directions, by a fixed one-way time.
+
+On loopback the client's TCP handshake completes against the proxy's own listening socket,
+so a client-side ``connect`` stays ~0 however large the delay: the delay shows up on the
+first data exchanged instead. Each round trip through the proxy costs at least
+``2 * delay``: a TLS handshake takes >= 2 x delay per handshake round trip, a request to its
+response >= 2 x delay. The proxy connects to the target without delay.
+
+There is no back-pressure beyond pausing a reader while more than 4 MiB wait in its queue; it
+is meant for request/response-sized traffic, not bulk transfers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+
+from ._timing import Service, abort_with_rst, check_loopback, deadline_after, sleep_until
+
+__all__ = ["DelayProxy"]
+
+_PAUSE_BYTES = 4 * 1024 * 1024
+
+
+class _End(enum.Enum):
+    EOF = "eof"
+    RESET = "reset"
+
+
+class _Direction:
+    """One direction of a proxied connection: chunks queued with deadlines, written in order."""
+
+    def __init__(self, delay_ns: int) -> None:
+        self.delay_ns = delay_ns
+        self.queue: asyncio.Queue[tuple[int, bytes | _End]] = asyncio.Queue()
+        self.source: asyncio.Transport | None = None
+        self.pending = 0
+        self.ended = False
+
+    def push(self, item: bytes | _End) -> None:
+        """Queue ``item`` to be written ``delay`` after now (only the first end counts)."""
+        if self.ended:
+            return
+        self.ended = isinstance(item, _End)
+        self.queue.put_nowait((time.perf_counter_ns() + self.delay_ns, item))
+        if isinstance(item, bytes):
+            self.pending += len(item)
+            if self.pending > _PAUSE_BYTES and self.source is not None:
+                self.source.pause_reading()
+
+    async def pump(self, sink: asyncio.Transport) -> _End:
+        """Write queued chunks to ``sink`` at their deadlines until the end; return it."""
+        while True:
+            deadline, item = await self.queue.get()
+            await sleep_until(deadline)
+            if isinstance(item, _End):
+                _finish(sink, item)
+                return item
+            sink.write(item)
+            self._drained(len(item))
+
+    def _drained(self, size: int) -> None:
+        was_paused = self.pending > _PAUSE_BYTES
+        self.pending -= size
+        if was_paused and self.pending <= _PAUSE_BYTES and self.source is not None:
+            self.source.resume_reading()
+
+
+def _finish(sink: asyncio.Transport, end: _End) -> None:
+    """Propagate an end: a half-close (FIN) where possible, else a close; or an RST."""
+    if sink.is_closing():
+        return
+    if end is _End.RESET:
+        abort_with_rst(sink)
+    elif sink.can_write_eof():
+        sink.write_eof()
+    else:
+        sink.close()
+
+
+class _Side(asyncio.Protocol):
+    """Either socket of a proxied connection; what it reads goes to ``outgoing``."""
+
+    def __init__(self, outgoing: _Direction) -> None:
+        self.outgoing = outgoing
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.outgoing.source = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.outgoing.push(data)
+
+    def eof_received(self) -> bool:
+        self.outgoing.push(_End.EOF)
+        return True  # keep our write side open: the other direction may still flow
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.outgoing.push(_End.RESET if isinstance(exc, ConnectionError) else _End.EOF)
+
+
+class DelayProxy(Service):
+    """TCP proxy on loopback adding ``delay`` seconds to every chunk, each way.
+
+    A chunk read from one side is written to the other at exactly ``arrival + delay``
+    (absolute deadlines, order kept per direction). EOF is propagated as a half-close and a
+    reset as a reset. See the module docstring for what this does to client-side stages.
+
+    Args:
+        target_host: where to forward connections.
+        target_port: port there.
+        delay: one-way delay in seconds, applied in both directions.
+        host: loopback address to listen on.
+        port: leave 0 to let the OS pick.
+        scheme: only used to build :attr:`url` ("https" when the target speaks TLS).
+
+    Attributes:
+        connections: client connections accepted.
+    """
+
+    def __init__(
+        self,
+        target_host: str,
+        target_port: int,
+        delay: float = 0.005,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        scheme: str = "http",
+    ) -> None:
+        self.target_host = target_host
+        self.target_port = target_port
+        self.delay = delay
+        self.scheme = scheme
+        self._host = check_loopback(host)
+        self._port = port
+        self.connections = 0
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._transports: set[asyncio.Transport] = set()
+
+    @property
+    def host(self) -> str:
+        """The listening address."""
+        return self._host
+
+    @property
+    def port(self) -> int:
+        """The listening port (0 until started)."""
+        return self._port
+
+    @property
+    def url(self) -> str:
+        """``scheme://host:port`` of the proxy."""
+        host = f"[{self._host}]" if ":" in self._host else self._host
+        return f"{self.scheme}://{host}:{self._port}"
+
+    async def start(self) -> None:
+        """Start listening."""
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(self._accept, self._host, self._port)
+        self._port = int(self._server.sockets[0].getsockname()[1])
+
+    async def stop(self) -> None:
+        """Stop listening and abort every proxied connection."""
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        for transport in list(self._transports):
+            transport.abort()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _accept(self) -> _Side:
+        self.connections += 1
+        delay_ns = deadline_after(0, self.delay)
+        upstream, downstream = _Direction(delay_ns), _Direction(delay_ns)
+        client = _Side(upstream)
+        task = asyncio.get_running_loop().create_task(self._relay(client, upstream, downstream))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return client
+
+    async def _relay(self, client: _Side, upstream: _Direction, downstream: _Direction) -> None:
+        """Connect to the target, then pump both directions until both have ended."""
+        await asyncio.sleep(0)  # connection_made has run: client.transport is set
+        assert client.transport is not None
+        loop = asyncio.get_running_loop()
+        try:
+            target, _ = await loop.create_connection(
+                lambda: _Side(downstream), self.target_host, self.target_port
+            )
+        except OSError:
+            abort_with_rst(client.transport)
+            return
+        transports = {client.transport, target}
+        self._transports |= transports
+        try:
+            await self._pump_both(client.transport, target, upstream, downstream)
+        finally:
+            for transport in transports:
+                transport.close()
+            self._transports -= transports
+
+    async def _pump_both(
+        self,
+        client: asyncio.Transport,
+        target: asyncio.Transport,
+        upstream: _Direction,
+        downstream: _Direction,
+    ) -> None:
+        up = asyncio.ensure_future(upstream.pump(target))
+        down = asyncio.ensure_future(downstream.pump(client))
+        try:
+            done, _ = await asyncio.wait({up, down}, return_when=asyncio.FIRST_COMPLETED)
+            if any(t.result() is _End.RESET for t in done):
+                return  # the RST was forwarded; the other direction dies with the sockets
+            await asyncio.gather(up, down)
+        finally:
+            up.cancel()
+            down.cancel()

@@ -1,0 +1,866 @@
+"""An OpenAI-compatible streaming server with injected, precisely timed delays.
+
+Timeline of one request, all deadlines absolute from ``t0`` = request body fully read::
+
+    t0 ── header_delay ──▶ headers (+ role chunk) ── queue + prefill ──▶ token 0
+       ── decode ──▶ token 1 ── decode ──▶ ... token N-1 ──▶ usage chunk, [DONE]
+
+A chunk carrying ``tokens_per_chunk`` tokens leaves when its last token is due
+(``t_first + index_of_last_token * decode``). A non-streamed response is sent whole when the
+last token is due, i.e. ``t0 + header_delay + queue + prefill + (tokens - 1) * decode``.
+
+Every knob may be overridden per request with ``"testbed": {...}`` in the JSON body;
+``max_tokens`` in the body sets ``tokens``. Ground truth is kept in :attr:`LLMServer.records`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import os
+import ssl as ssl_module
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from ._timing import Service, abort_with_rst, check_loopback, deadline_after, sleep_until
+from .tls import server_context_from_pem
+
+__all__ = [
+    "FAULTS",
+    "Behavior",
+    "LLMServer",
+    "RequestRecord",
+    "SubprocessLLMServer",
+    "token_text",
+]
+
+#: Accepted values of the ``fault`` knob.
+FAULTS = frozenset(
+    {
+        "reset",
+        "truncate",
+        "malformed",
+        "http_error",
+        "hang",
+        "close_before_headers",
+        "stream_error",
+    }
+)
+
+_ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError"}
+_SHUTDOWN_TIMEOUT_S = 0.5
+
+
+def token_text(index: int) -> str:
+    """Return the text of output token ``index``: one fixed-width word, ``"tok0042 "``."""
+    return f"tok{index % 10000:04d} "
+
+
+@dataclass(frozen=True)
+class Behavior:
+    """What the server does with one request. Durations are in seconds.
+
+    Attributes:
+        header_delay: from request fully read to response headers sent.
+        queue: simulated scheduler queue, after the headers, before prefill.
+        prefill: from the end of the queue to the first token chunk.
+        decode: between consecutive output tokens.
+        tokens: output tokens per response.
+        tokens_per_chunk: tokens carried by each streamed chunk.
+        usage: send usage (the final ``choices: []`` chunk when the request asks for it with
+            ``stream_options.include_usage``; always in non-streamed bodies).
+        role_chunk: send a vLLM-style ``{"role": "assistant", "content": ""}`` chunk right
+            after the headers.
+        reasoning_tokens: the first N tokens go to ``delta.reasoning_content`` (chat only).
+        keepalive: if False, every response carries ``Connection: close``.
+        fault: one of :data:`FAULTS` or None; see :class:`LLMServer`.
+        fault_after: token chunks sent before the fault strikes (stream faults).
+        fault_status: HTTP status of ``fault="http_error"``.
+        model: model name reported when the request names none.
+    """
+
+    header_delay: float = 0.0
+    queue: float = 0.0
+    prefill: float = 0.0
+    decode: float = 0.0
+    tokens: int = 16
+    tokens_per_chunk: int = 1
+    usage: bool = True
+    role_chunk: bool = True
+    reasoning_tokens: int = 0
+    keepalive: bool = True
+    fault: str | None = None
+    fault_after: int = 0
+    fault_status: int = 400
+    model: str = "testbed-model"
+
+    def __post_init__(self) -> None:
+        if self.fault is not None and self.fault not in FAULTS:
+            raise ValueError(f"unknown fault {self.fault!r}; expected one of {sorted(FAULTS)}")
+        if self.tokens < 0 or self.tokens_per_chunk < 1 or self.fault_after < 0:
+            raise ValueError("tokens and fault_after must be >= 0, tokens_per_chunk >= 1")
+        for name in ("header_delay", "queue", "prefill", "decode"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0")
+
+    def override(self, changes: Mapping[str, Any]) -> Behavior:
+        """Return a copy with ``changes`` applied, checking names and types.
+
+        Raises:
+            ValueError: an unknown knob or a value of the wrong type.
+        """
+        checked = {name: _check_knob(name, value) for name, value in changes.items()}
+        return dataclasses.replace(self, **checked)
+
+
+_TYPES_BY_ANNOTATION: dict[str, tuple[type, ...]] = {
+    "float": (int, float),
+    "int": (int,),
+    "bool": (bool,),
+    "str": (str,),
+    "str | None": (str, type(None)),
+}
+_KNOB_TYPES = {f.name: _TYPES_BY_ANNOTATION[str(f.type)] for f in dataclasses.fields(Behavior)}
+
+
+def _check_knob(name: str, value: Any) -> Any:
+    """Return ``value`` if it suits knob ``name``; raise ValueError otherwise."""
+    if name not in _KNOB_TYPES:
+        raise ValueError(f"unknown testbed knob {name!r}; expected one of {sorted(_KNOB_TYPES)}")
+    expected = _KNOB_TYPES[name]
+    is_bool = isinstance(value, bool)
+    if not isinstance(value, expected) or (is_bool and bool not in expected):
+        raise ValueError(f"testbed knob {name!r} got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """Ground truth for one request; instants are ``time.perf_counter_ns()`` values.
+
+    ``perf_counter_ns`` is CLOCK_MONOTONIC on Linux, shared by every process on the host, so
+    records from :meth:`LLMServer.run_in_subprocess` compare directly with the caller's clock.
+
+    Attributes:
+        path: request path.
+        stream: whether the response was streamed.
+        status: HTTP status sent (0 if no response was sent).
+        peer: client (host, port); equal ports mean the same TCP connection.
+        behavior: the effective knobs after per-request overrides.
+        received_ns: request body fully read (``t0``).
+        headers_ns: response headers written to the socket (None if never).
+        chunk_ns: each token chunk written (valid token chunks only).
+        chunk_tokens: tokens carried by each of those chunks.
+        end_ns: response finished, connection aborted, or handler stopped.
+        prompt_tokens: whitespace-separated words in the prompt (at least 1).
+    """
+
+    path: str
+    stream: bool
+    status: int
+    peer: tuple[str, int]
+    behavior: Behavior
+    received_ns: int
+    headers_ns: int | None
+    chunk_ns: tuple[int, ...]
+    chunk_tokens: tuple[int, ...]
+    end_ns: int
+    prompt_tokens: int
+
+    @property
+    def first_token_ns(self) -> int | None:
+        """When the first token chunk was written, if any."""
+        return self.chunk_ns[0] if self.chunk_ns else None
+
+    @property
+    def output_tokens(self) -> int:
+        """Tokens sent in valid chunks (or in the non-streamed body)."""
+        return sum(self.chunk_tokens)
+
+    def to_json(self) -> dict[str, Any]:
+        """Return a JSON-ready dict (inverse of :meth:`from_json`)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RequestRecord:
+        """Rebuild a record from :meth:`to_json` output."""
+        fields = dict(data)
+        fields["peer"] = tuple(fields["peer"])
+        fields["behavior"] = Behavior(**fields["behavior"])
+        fields["chunk_ns"] = tuple(fields["chunk_ns"])
+        fields["chunk_tokens"] = tuple(fields["chunk_tokens"])
+        return cls(**fields)
+
+
+@dataclass
+class _Recorder:
+    """Mutable ground truth while a request is being served."""
+
+    path: str
+    peer: tuple[str, int]
+    received_ns: int
+    behavior: Behavior = field(default_factory=Behavior)
+    stream: bool = False
+    status: int = 0
+    prompt_tokens: int = 1
+    headers_ns: int | None = None
+    chunk_ns: list[int] = field(default_factory=list)
+    chunk_tokens: list[int] = field(default_factory=list)
+    sink: list[RequestRecord] = field(default_factory=list)
+    published: bool = False
+
+    def publish(self) -> None:
+        """Freeze the record (``end_ns`` = now) into ``sink``, once.
+
+        Called just before the response's final write, so a client that has seen the end
+        of its response always finds the record.
+        """
+        if not self.published:
+            self.published = True
+            self.sink.append(self.freeze())
+
+    def freeze(self) -> RequestRecord:
+        return RequestRecord(
+            path=self.path,
+            stream=self.stream,
+            status=self.status,
+            peer=self.peer,
+            behavior=self.behavior,
+            received_ns=self.received_ns,
+            headers_ns=self.headers_ns,
+            chunk_ns=tuple(self.chunk_ns),
+            chunk_tokens=tuple(self.chunk_tokens),
+            end_ns=time.perf_counter_ns(),
+            prompt_tokens=self.prompt_tokens,
+        )
+
+
+@dataclass(frozen=True)
+class _Exchange:
+    """One parsed request: what to send and when."""
+
+    request: web.Request
+    chat: bool
+    body: Mapping[str, Any]
+    behavior: Behavior
+    recorder: _Recorder
+    request_id: str
+    created: int
+
+    @property
+    def model(self) -> str:
+        model = self.body.get("model")
+        return model if isinstance(model, str) else self.behavior.model
+
+    @property
+    def include_usage(self) -> bool:
+        options = self.body.get("stream_options")
+        wanted = isinstance(options, Mapping) and options.get("include_usage") is True
+        return wanted and self.behavior.usage
+
+    @property
+    def headers_due(self) -> int:
+        return deadline_after(self.recorder.received_ns, self.behavior.header_delay)
+
+    def token_due(self, index: int) -> int:
+        """Deadline of output token ``index``."""
+        b = self.behavior
+        return deadline_after(self.headers_due, b.queue + b.prefill + index * b.decode)
+
+
+# --- OpenAI payloads -------------------------------------------------------------------
+
+
+def _sse(payload: Mapping[str, Any] | str) -> bytes:
+    """Frame one server-sent event: ``data: ...`` and a blank line."""
+    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+    return f"data: {data}\n\n".encode()
+
+
+def _chunk_envelope(ex: _Exchange, choices: list[dict[str, Any]]) -> dict[str, Any]:
+    kind = "chat.completion.chunk" if ex.chat else "text_completion"
+    return {
+        "id": ex.request_id,
+        "object": kind,
+        "created": ex.created,
+        "model": ex.model,
+        "choices": choices,
+    }
+
+
+def _texts(ex: _Exchange, start: int, stop: int) -> tuple[str, str]:
+    """Return (reasoning, content) text of tokens ``start..stop-1``."""
+    split = min(max(ex.behavior.reasoning_tokens if ex.chat else 0, start), stop)
+    reasoning = "".join(token_text(i) for i in range(start, split))
+    return reasoning, "".join(token_text(i) for i in range(split, stop))
+
+
+def _token_chunk(ex: _Exchange, start: int, stop: int) -> dict[str, Any]:
+    """The streamed chunk carrying tokens ``start..stop-1``."""
+    finish = "length" if stop == ex.behavior.tokens else None
+    reasoning, content = _texts(ex, start, stop)
+    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish}
+    if not ex.chat:
+        choice["text"] = reasoning + content
+        return _chunk_envelope(ex, [choice])
+    delta: dict[str, Any] = {"reasoning_content": reasoning} if reasoning else {}
+    if content or not reasoning:
+        delta["content"] = content
+    choice["delta"] = delta
+    return _chunk_envelope(ex, [choice])
+
+
+def _role_chunk(ex: _Exchange) -> dict[str, Any]:
+    delta = {"role": "assistant", "content": ""}
+    return _chunk_envelope(ex, [{"index": 0, "delta": delta, "logprobs": None}])
+
+
+def _usage(ex: _Exchange, completion_tokens: int) -> dict[str, Any]:
+    prompt = ex.recorder.prompt_tokens
+    usage: dict[str, Any] = {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt + completion_tokens,
+    }
+    reasoning = min(ex.behavior.reasoning_tokens, completion_tokens) if ex.chat else 0
+    if reasoning:
+        usage["completion_tokens_details"] = {"reasoning_tokens": reasoning}
+    return usage
+
+
+def _full_body(ex: _Exchange) -> dict[str, Any]:
+    """The non-streamed response body."""
+    reasoning, content = _texts(ex, 0, ex.behavior.tokens)
+    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": "length"}
+    if ex.chat:
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if reasoning:
+            message["reasoning_content"] = reasoning
+        choice["message"] = message
+    else:
+        choice["text"] = reasoning + content
+    body = _chunk_envelope(ex, [choice])
+    body["object"] = "chat.completion" if ex.chat else "text_completion"
+    body["usage"] = _usage(ex, ex.behavior.tokens)
+    return body
+
+
+def _error_body(status: int, message: str) -> dict[str, Any]:
+    """vLLM's error body shape."""
+    kind = _ERROR_TYPES.get(status, "InternalServerError" if status >= 500 else "BadRequestError")
+    return {"object": "error", "message": message, "type": kind, "param": None, "code": status}
+
+
+def _prompt_tokens(body: Mapping[str, Any]) -> int:
+    """Count whitespace-separated words of the prompt or message contents (at least 1)."""
+    parts: list[str] = []
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        parts.append(prompt)
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        parts += [
+            m["content"]
+            for m in messages
+            if isinstance(m, dict) and isinstance(m.get("content"), str)
+        ]
+    return max(1, sum(len(p.split()) for p in parts))
+
+
+def _chunk_bounds(behavior: Behavior) -> list[tuple[int, int]]:
+    """[start, stop) token ranges of the streamed chunks."""
+    step = behavior.tokens_per_chunk
+    return [(i, min(i + step, behavior.tokens)) for i in range(0, behavior.tokens, step)]
+
+
+def _parse_body(raw: bytes, defaults: Behavior) -> tuple[Mapping[str, Any], Behavior]:
+    """Decode the JSON body and the effective behavior. Raises ValueError if invalid."""
+    body = json.loads(raw or b"{}")
+    if not isinstance(body, dict):
+        raise ValueError("request body must be a JSON object")
+    overrides = body.get("testbed") or {}
+    if not isinstance(overrides, dict):
+        raise ValueError("'testbed' must be an object")
+    max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
+    if isinstance(max_tokens, int) and "tokens" not in overrides:
+        overrides = {**overrides, "tokens": max_tokens}
+    return body, defaults.override(overrides)
+
+
+def _peer(request: web.BaseRequest) -> tuple[str, int]:
+    transport = request.transport
+    peer = transport.get_extra_info("peername") if transport is not None else None
+    return (str(peer[0]), int(peer[1])) if peer else ("", 0)
+
+
+def _event_stream() -> web.StreamResponse:
+    headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    return web.StreamResponse(headers=headers)
+
+
+def _close(request: web.BaseRequest) -> None:
+    """Close the connection with a FIN, without a response."""
+    if request.transport is not None:
+        request.transport.close()
+
+
+# --- the server ----------------------------------------------------------------------
+
+
+class LLMServer(Service):
+    """OpenAI-compatible SSE server on aiohttp.web, with precisely injected delays.
+
+    Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions`` (streamed when
+    ``"stream": true``), ``GET /health`` and ``GET /v1/models``.
+
+    Faults (``fault`` knob; "slot k" is when token chunk ``k = min(fault_after, chunks)``
+    would be sent, ``chunks`` meaning right after the last one):
+
+    * ``"reset"``: at slot k, abort the TCP connection with an RST.
+    * ``"truncate"``: at slot k, end the HTTP response cleanly, without ``[DONE]``.
+    * ``"malformed"``: chunk k is invalid JSON (its tokens are lost); the stream continues.
+    * ``"stream_error"``: at slot k, a ``{"error": {...}}`` event, then ``[DONE]``.
+    * ``"http_error"``: at ``header_delay``, status ``fault_status`` with vLLM's error body.
+    * ``"hang"``: read the request, never answer; the connection is closed when the server
+      stops.
+    * ``"close_before_headers"``: at ``header_delay``, close the connection (FIN), no response.
+
+    Non-streamed requests: reset/truncate/malformed/stream_error strike when the body is due
+    (RST; half a body then FIN; a cut JSON body; a 500 error body).
+
+    Args:
+        ssl: server-side context for HTTPS (see :class:`~latency_analyzer.testing.TestCA`).
+        host: loopback address to bind ("127.0.0.1" or "::1").
+        port: port to bind; leave 0 to let the OS pick.
+        header_delay, queue, prefill, decode, tokens, tokens_per_chunk, usage, role_chunk,
+            reasoning_tokens, keepalive, fault, fault_after, fault_status, model: the
+            default :class:`Behavior` (see there for what each knob means).
+
+    Attributes:
+        records: one :class:`RequestRecord` per completion request, in completion order.
+        connections: TCP connections accepted.
+        requests: completion requests received.
+    """
+
+    def __init__(
+        self,
+        *,
+        header_delay: float = 0.0,
+        queue: float = 0.0,
+        prefill: float = 0.0,
+        decode: float = 0.0,
+        tokens: int = 16,
+        tokens_per_chunk: int = 1,
+        usage: bool = True,
+        role_chunk: bool = True,
+        reasoning_tokens: int = 0,
+        keepalive: bool = True,
+        fault: str | None = None,
+        fault_after: int = 0,
+        fault_status: int = 400,
+        model: str = "testbed-model",
+        ssl: ssl_module.SSLContext | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
+        knobs = dict(locals())
+        for name in ("self", "ssl", "host", "port"):
+            del knobs[name]
+        self.behavior = Behavior().override(knobs)
+        self.ssl = ssl
+        self._host = check_loopback(host)
+        self._port = port
+        self.records: list[RequestRecord] = []
+        self.connections = 0
+        self.requests = 0
+        self._runner: web.AppRunner | None = None
+        self._server: asyncio.Server | None = None
+        self._stopping = asyncio.Event()
+
+    @property
+    def host(self) -> str:
+        """The bound address."""
+        return self._host
+
+    @property
+    def port(self) -> int:
+        """The bound port (0 until started)."""
+        return self._port
+
+    @property
+    def url(self) -> str:
+        """Base URL, e.g. ``http://127.0.0.1:PORT`` (no trailing slash, no ``/v1``)."""
+        scheme = "https" if self.ssl is not None else "http"
+        host = f"[{self._host}]" if ":" in self._host else self._host
+        return f"{scheme}://{host}:{self._port}"
+
+    async def start(self) -> None:
+        """Bind and start serving."""
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/v1/models", self._models)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=_SHUTDOWN_TIMEOUT_S)
+        await self._runner.setup()
+        self._stopping = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            self._new_connection, self._host, self._port, ssl=self.ssl
+        )
+        self._port = int(self._server.sockets[0].getsockname()[1])
+
+    async def stop(self) -> None:
+        """Stop: release hanging requests, close the listener and every connection."""
+        self._stopping.set()
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    def run_in_subprocess(self, tls_pem: str | None = None) -> SubprocessLLMServer:
+        """Return a sync context manager running this configuration in a child process.
+
+        Args:
+            tls_pem: for HTTPS, a key + chain PEM file (``TestCA.server_pem_path``); an
+                ``ssl`` context object cannot cross the process boundary.
+        """
+        if self.ssl is not None and tls_pem is None:
+            raise ValueError("run_in_subprocess needs tls_pem= to serve HTTPS")
+        config: dict[str, Any] = {"knobs": dataclasses.asdict(self.behavior), "host": self._host}
+        config["tls_pem"] = tls_pem
+        return SubprocessLLMServer(config)
+
+    def _new_connection(self) -> asyncio.BaseProtocol:
+        assert self._runner is not None and self._runner.server is not None
+        self.connections += 1
+        return self._runner.server()
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def _models(self, request: web.Request) -> web.Response:
+        model = {"id": self.behavior.model, "object": "model", "created": int(time.time())}
+        model["owned_by"] = "latency-analyzer"
+        return web.json_response({"object": "list", "data": [model]})
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, chat=True)
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, chat=False)
+
+    async def _serve(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        raw = await request.read()
+        recorder = _Recorder(request.path, _peer(request), time.perf_counter_ns(), self.behavior)
+        recorder.sink = self.records
+        self.requests += 1
+        try:
+            return await self._dispatch(request, raw, chat, recorder)
+        except ConnectionError:  # the client went away mid-response
+            return web.Response()
+        finally:
+            recorder.publish()
+
+    async def _dispatch(
+        self, request: web.Request, raw: bytes, chat: bool, recorder: _Recorder
+    ) -> web.StreamResponse:
+        try:
+            body, behavior = _parse_body(raw, self.behavior)
+        except ValueError as exc:
+            return await _send_json(request, recorder, 400, _error_body(400, str(exc)))
+        recorder.behavior = behavior
+        recorder.stream = body.get("stream") is True
+        recorder.prompt_tokens = _prompt_tokens(body)
+        prefix = "chatcmpl" if chat else "cmpl"
+        ex = _Exchange(
+            request, chat, body, behavior, recorder, f"{prefix}-{self.requests}", int(time.time())
+        )
+        if behavior.fault == "hang":
+            return await self._hang(ex)
+        if behavior.fault in ("close_before_headers", "http_error"):
+            return await _fail_before_headers(ex)
+        return await (_stream(ex) if recorder.stream else _unary(ex))
+
+    async def _hang(self, ex: _Exchange) -> web.StreamResponse:
+        await self._stopping.wait()
+        ex.recorder.publish()
+        _close(ex.request)
+        return web.Response()
+
+
+async def _send_json(
+    request: web.BaseRequest,
+    recorder: _Recorder,
+    status: int,
+    body: Mapping[str, Any],
+    keepalive: bool = True,
+    tokens: int = 0,
+) -> web.StreamResponse:
+    """Send a whole JSON response (``tokens`` output tokens) in one write, recording it."""
+    resp = web.json_response(body, status=status)
+    if not keepalive:
+        resp.force_close()
+    await resp.prepare(request)  # a Response buffers its headers until write_eof
+    recorder.status, recorder.headers_ns = status, time.perf_counter_ns()
+    if tokens:
+        recorder.chunk_ns.append(recorder.headers_ns)
+        recorder.chunk_tokens.append(tokens)
+    recorder.publish()
+    await resp.write_eof()
+    return resp
+
+
+async def _fail_before_headers(ex: _Exchange) -> web.StreamResponse:
+    """The ``close_before_headers`` and ``http_error`` faults, at ``header_delay``."""
+    await sleep_until(ex.headers_due)
+    if ex.behavior.fault == "close_before_headers":
+        ex.recorder.publish()
+        _close(ex.request)
+        return web.Response()
+    status = ex.behavior.fault_status
+    body = _error_body(status, f"testbed http_error {status}")
+    return await _send_json(ex.request, ex.recorder, status, body, ex.behavior.keepalive)
+
+
+async def _unary(ex: _Exchange) -> web.StreamResponse:
+    """Send the non-streamed body when the last token is due."""
+    body = _full_body(ex)  # built before the deadline, not after
+    await sleep_until(ex.token_due(max(ex.behavior.tokens - 1, 0)))
+    fault, recorder = ex.behavior.fault, ex.recorder
+    if fault == "reset" and ex.request.transport is not None:
+        recorder.publish()
+        abort_with_rst(ex.request.transport)
+        return web.Response()
+    if fault == "stream_error":
+        return await _send_json(ex.request, recorder, 500, _error_body(500, "testbed error"))
+    if fault in ("truncate", "malformed"):
+        return await _send_cut(ex, json.dumps(body).encode(), close=fault == "truncate")
+    keepalive, tokens = ex.behavior.keepalive, ex.behavior.tokens
+    return await _send_json(ex.request, recorder, 200, body, keepalive, tokens)
+
+
+async def _send_cut(ex: _Exchange, data: bytes, close: bool) -> web.StreamResponse:
+    """Send half of ``data``; then FIN (``close``, Content-Length promises more) or end."""
+    half = data[: len(data) // 2]
+    resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+    resp.content_length = len(data) if close else len(half)
+    await resp.prepare(ex.request)
+    ex.recorder.status, ex.recorder.headers_ns = 200, time.perf_counter_ns()
+    await resp.write(half)
+    ex.recorder.publish()
+    if close:
+        _close(ex.request)
+    else:
+        await resp.write_eof()
+    return resp
+
+
+async def _stream(ex: _Exchange) -> web.StreamResponse:
+    """Send headers (and the role chunk) at ``header_delay``, then the timed token chunks."""
+    resp = _event_stream()
+    if not ex.behavior.keepalive:
+        resp.force_close()
+    await sleep_until(ex.headers_due)
+    await resp.prepare(ex.request)
+    ex.recorder.status, ex.recorder.headers_ns = 200, time.perf_counter_ns()
+    if ex.behavior.role_chunk and ex.chat:
+        await resp.write(_sse(_role_chunk(ex)))
+    if await _stream_tokens(ex, resp):
+        await _finish_stream(ex, resp)
+    return resp
+
+
+async def _stream_tokens(ex: _Exchange, resp: web.StreamResponse) -> bool:
+    """Send every token chunk at its deadline; return False if a fault ended the stream."""
+    bounds = _chunk_bounds(ex.behavior)
+    fault_slot = min(ex.behavior.fault_after, len(bounds)) if ex.behavior.fault else -1
+    for slot, (start, stop) in enumerate([*bounds, (ex.behavior.tokens, ex.behavior.tokens)]):
+        data = _sse(_token_chunk(ex, start, stop))  # built before the deadline, not after
+        await sleep_until(ex.token_due(max(stop - 1, 0)))
+        if slot == fault_slot:
+            if await _stream_fault(ex, resp):
+                return False
+        elif slot < len(bounds):
+            await resp.write(data)
+            ex.recorder.chunk_ns.append(time.perf_counter_ns())
+            ex.recorder.chunk_tokens.append(stop - start)
+    return True
+
+
+async def _stream_fault(ex: _Exchange, resp: web.StreamResponse) -> bool:
+    """Apply a mid-stream fault; return True if it ended the stream."""
+    fault = ex.behavior.fault
+    if fault == "malformed":
+        await resp.write(b'data: {"id": "' + ex.request_id.encode() + b'", "choices": [{"del\n\n')
+        return False
+    ex.recorder.publish()
+    if fault == "reset" and ex.request.transport is not None:
+        abort_with_rst(ex.request.transport)
+    elif fault == "stream_error":
+        error = _error_body(500, "testbed stream_error")
+        await resp.write_eof(_sse({"error": error}) + _sse("[DONE]"))
+    elif fault == "truncate":
+        await resp.write_eof()
+    return True
+
+
+async def _finish_stream(ex: _Exchange, resp: web.StreamResponse) -> None:
+    """Send the usage chunk (if asked for) and ``[DONE]``, then end the response."""
+    data = _sse("[DONE]")
+    if ex.include_usage:
+        final = _chunk_envelope(ex, [])
+        final["usage"] = _usage(ex, ex.behavior.tokens)
+        data = _sse(final) + data
+    ex.recorder.publish()
+    await resp.write_eof(data)
+
+
+# --- subprocess mode -----------------------------------------------------------------
+
+_CHILD_TIMEOUT_S = 10.0
+
+
+class SubprocessLLMServer:
+    """An :class:`LLMServer` in a child process, free of the caller's GIL and event loop.
+
+    Started by ``python -m latency_analyzer.testing llm-server CONFIG_JSON``; the child
+    prints ``{"port": ..., "pid": ...}`` on stdout once bound, answers ``records`` and
+    ``stats`` commands on stdin, and exits when stdin closes. Use as ``with``.
+    """
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        self._config = dict(config)
+        self._proc: subprocess.Popen[str] | None = None
+        self._port = 0
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> SubprocessLLMServer:
+        args = [sys.executable, "-m", "latency_analyzer.testing", "llm-server"]
+        self._proc = subprocess.Popen(
+            [*args, json.dumps(self._config)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            self._port = int(self._read_reply()["port"])
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @property
+    def host(self) -> str:
+        """The bound address."""
+        return str(self._config["host"])
+
+    @property
+    def port(self) -> int:
+        """The bound port."""
+        return self._port
+
+    @property
+    def url(self) -> str:
+        """Base URL, e.g. ``http://127.0.0.1:PORT``."""
+        scheme = "https" if self._config.get("tls_pem") else "http"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{scheme}://{host}:{self._port}"
+
+    @property
+    def pid(self) -> int:
+        """Process id of the child."""
+        if self._proc is None:
+            raise RuntimeError("the subprocess server is not running")
+        return self._proc.pid
+
+    @property
+    def records(self) -> list[RequestRecord]:
+        """Ground truth fetched from the child (perf_counter_ns is host-wide on Linux)."""
+        return [RequestRecord.from_json(r) for r in self._ask("records")]
+
+    @property
+    def connections(self) -> int:
+        """TCP connections the child accepted."""
+        return int(self._ask("stats")["connections"])
+
+    @property
+    def requests(self) -> int:
+        """Completion requests the child received."""
+        return int(self._ask("stats")["requests"])
+
+    def kill(self) -> None:
+        """SIGKILL the child at once (a "server died" fault); later connects are refused."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait(_CHILD_TIMEOUT_S)
+
+    def close(self) -> None:
+        """Ask the child to stop (close its stdin), kill it if it lingers, reap it."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        if proc.stdin is not None:
+            with contextlib.suppress(BrokenPipeError, ValueError):
+                proc.stdin.close()
+        try:
+            proc.wait(_CHILD_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(_CHILD_TIMEOUT_S)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+    def _ask(self, command: str) -> Any:
+        proc = self._proc
+        if proc is None or proc.stdin is None or proc.poll() is not None:
+            raise RuntimeError("the subprocess server is not running")
+        with self._lock:
+            proc.stdin.write(command + "\n")
+            proc.stdin.flush()
+            return self._read_reply()
+
+    def _read_reply(self) -> Any:
+        assert self._proc is not None and self._proc.stdout is not None
+        line = self._proc.stdout.readline()
+        if not line:
+            code = self._proc.wait(_CHILD_TIMEOUT_S)
+            raise RuntimeError(f"the subprocess server exited (status {code})")
+        return json.loads(line)
+
+
+def serve_in_child(config_json: str) -> None:
+    """Child side of :class:`SubprocessLLMServer` (``python -m latency_analyzer.testing``)."""
+    asyncio.run(_child_main(json.loads(config_json)))
+
+
+async def _child_main(config: Mapping[str, Any]) -> None:
+    tls_pem = config.get("tls_pem")
+    context = server_context_from_pem(tls_pem) if tls_pem else None
+    async with LLMServer(ssl=context, host=config["host"], **config["knobs"]) as server:
+        print(json.dumps({"port": server.port, "pid": os.getpid()}), flush=True)
+        loop = asyncio.get_running_loop()
+        while command := (await loop.run_in_executor(None, sys.stdin.readline)).strip():
+            print(json.dumps(_answer(server, command)), flush=True)
+
+
+def _answer(server: LLMServer, command: str) -> Any:
+    if command == "records":
+        return [record.to_json() for record in server.records]
+    if command == "stats":
+        return {"connections": server.connections, "requests": server.requests}
+    return {"error": f"unknown command {command!r}"}

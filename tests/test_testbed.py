@@ -1,0 +1,529 @@
+"""The loopback test bed injects the delays it promises and behaves as documented.
+
+Ground truth here comes from raw sockets, aiohttp and dnspython, never from the library's
+own client. Tolerance on injected delays: 0.5 ms.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import itertools
+import json
+import socket
+import ssl
+import statistics
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import dns.asyncresolver
+import dns.exception
+import dns.resolver
+import pytest
+
+import latency_analyzer.testing as testing
+from latency_analyzer.testing import (
+    DelayProxy,
+    DNSServer,
+    LLMServer,
+    TestCA,
+    sleep_until,
+    token_text,
+)
+
+TOLERANCE_NS = 500_000
+CHAT = "/v1/chat/completions"
+MS = 1_000_000
+
+
+def test_public_names_are_pinned() -> None:
+    assert sorted(testing.__all__) == sorted(
+        [
+            "FAULTS",
+            "SERVER_NAMES",
+            "Behavior",
+            "DNSQuery",
+            "DNSServer",
+            "DelayProxy",
+            "LLMServer",
+            "RequestRecord",
+            "SubprocessLLMServer",
+            "TestCA",
+            "sleep_until",
+            "token_text",
+        ]
+    )
+
+
+async def test_sleep_until_overshoots_less_than_0_2_ms_at_the_median() -> None:
+    overshoots = []
+    for _ in range(20):
+        deadline = time.perf_counter_ns() + 10 * MS
+        await sleep_until(deadline)
+        overshoots.append(time.perf_counter_ns() - deadline)
+    assert min(overshoots) >= 0
+    assert statistics.median(overshoots) < 200_000
+
+
+def test_servers_refuse_non_loopback_addresses() -> None:
+    with pytest.raises(ValueError, match="loopback"):
+        LLMServer(host="0.0.0.0")
+    with pytest.raises(ValueError, match="loopback"):
+        DNSServer(host="localhost")
+
+
+# --- LLM server helpers ----------------------------------------------------------------
+
+
+def _chat_body(stream: bool = True, **extra: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "one two three"}],
+        "stream": stream,
+    }
+    body.update(extra)
+    return body
+
+
+async def _sse_events(resp: aiohttp.ClientResponse) -> list[tuple[int, str]]:
+    """(arrival perf_counter_ns, data payload) of every SSE event in the body."""
+    events = []
+    async for line in resp.content:
+        if line.startswith(b"data: "):
+            events.append((time.perf_counter_ns(), line[6:].decode().rstrip("\n")))
+    return events
+
+
+async def _stream(url: str, body: dict[str, Any], path: str = CHAT) -> list[str]:
+    async with aiohttp.ClientSession() as session, session.post(url + path, json=body) as resp:
+        assert resp.status == 200
+        assert resp.headers["Content-Type"] == "text/event-stream"
+        return [data for _, data in await _sse_events(resp)]
+
+
+def _content(events: list[str]) -> str:
+    chunks = [json.loads(e) for e in events if e != "[DONE]"]
+    return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+
+
+@pytest.fixture
+async def llm() -> AsyncIterator[LLMServer]:
+    async with LLMServer(tokens=4) as server:
+        yield server
+
+
+# --- LLM server: framing ---------------------------------------------------------------
+
+
+async def test_chat_stream_has_role_chunk_tokens_usage_and_done(llm: LLMServer) -> None:
+    body = _chat_body(stream_options={"include_usage": True})
+    events = await _stream(llm.url, body)
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert [c["object"] for c in chunks] == ["chat.completion.chunk"] * 6
+    assert {c["id"] for c in chunks} == {"chatcmpl-1"}
+    assert [c["choices"][0]["delta"]["content"] for c in chunks[1:5]] == [
+        token_text(i) for i in range(4)
+    ]
+    assert chunks[4]["choices"][0]["finish_reason"] == "length"
+    assert chunks[5]["choices"] == []
+    assert chunks[5]["usage"] == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
+
+
+async def test_usage_chunk_only_when_requested(llm: LLMServer) -> None:
+    events = await _stream(llm.url, _chat_body())
+    assert all("usage" not in json.loads(e) for e in events[:-1])
+    assert len(_content(events).split()) == 4
+
+
+async def test_completions_stream_uses_text(llm: LLMServer) -> None:
+    body = {"model": "m", "prompt": "hi", "stream": True, "max_tokens": 3}
+    events = await _stream(llm.url, body, "/v1/completions")
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert [c["choices"][0]["text"] for c in chunks] == [token_text(i) for i in range(3)]
+    assert {c["object"] for c in chunks} == {"text_completion"}
+
+
+async def test_non_stream_body_has_message_and_usage(llm: LLMServer) -> None:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(llm.url + CHAT, json=_chat_body(stream=False)) as resp,
+    ):
+        body = await resp.json()
+    assert body["object"] == "chat.completion"
+    assert body["choices"][0]["message"]["content"].split() == [f"tok000{i}" for i in range(4)]
+    assert body["usage"]["completion_tokens"] == 4
+    assert llm.records[0].chunk_tokens == (4,)
+
+
+async def test_per_request_override_and_max_tokens(llm: LLMServer) -> None:
+    events = await _stream(llm.url, _chat_body(max_tokens=7))
+    assert len(_content(events).split()) == 7
+    body = _chat_body(testbed={"tokens": 5, "tokens_per_chunk": 2, "role_chunk": False})
+    events = await _stream(llm.url, body)
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert [c["choices"][0]["delta"]["content"] for c in chunks] == [
+        token_text(0) + token_text(1),
+        token_text(2) + token_text(3),
+        token_text(4),
+    ]
+    assert llm.records[1].behavior.tokens_per_chunk == 2
+    assert llm.records[1].chunk_tokens == (2, 2, 1)
+
+
+async def test_reasoning_tokens_go_to_reasoning_content(llm: LLMServer) -> None:
+    events = await _stream(llm.url, _chat_body(testbed={"reasoning_tokens": 2}))
+    deltas = [json.loads(e)["choices"][0]["delta"] for e in events[1:-1]]
+    assert [d.get("reasoning_content") for d in deltas] == [token_text(0), token_text(1)] + [
+        None
+    ] * 2
+    assert [d.get("content") for d in deltas[2:]] == [token_text(2), token_text(3)]
+
+
+async def test_unknown_knob_is_a_400_with_vllm_error_shape(llm: LLMServer) -> None:
+    body = _chat_body(testbed={"prefil": 0.1})
+    async with aiohttp.ClientSession() as session, session.post(llm.url + CHAT, json=body) as r:
+        assert r.status == 400
+        error = await r.json()
+    assert error["object"] == "error"
+    assert error["type"] == "BadRequestError"
+    assert error["code"] == 400
+    assert "prefil" in error["message"]
+
+
+async def test_health_and_models(llm: LLMServer) -> None:
+    async with aiohttp.ClientSession() as session:
+        async with session.get(llm.url + "/health") as r:
+            assert r.status == 200
+        async with session.get(llm.url + "/v1/models") as r:
+            assert (await r.json())["data"][0]["id"] == "testbed-model"
+
+
+# --- LLM server: timing ground truth ---------------------------------------------------
+
+
+async def test_records_match_the_injected_delays() -> None:
+    # Medians over 3 requests: a loaded CI host may preempt the process now and then.
+    knobs = {"header_delay": 0.010, "queue": 0.005, "prefill": 0.015, "decode": 0.004}
+    async with LLMServer(tokens=6, **knobs) as server:
+        arrivals = [await _timed_stream(server.url) for _ in range(3)]
+        records = server.records
+    assert [len(r.chunk_ns) for r in records] == [6, 6, 6]
+    headers = [(r.headers_ns or 0) - r.received_ns for r in records]
+    assert abs(statistics.median(headers) - 10 * MS) < TOLERANCE_NS
+    first = [r.chunk_ns[0] - (r.headers_ns or 0) for r in records]
+    assert abs(statistics.median(first) - 20 * MS) < TOLERANCE_NS
+    gaps = [b - a for r in records for a, b in itertools.pairwise(r.chunk_ns)]
+    assert abs(statistics.median(gaps) - 4 * MS) < TOLERANCE_NS
+    client_gaps = [b - a for t in arrivals for a, b in itertools.pairwise(t[1:7])]  # [0]: role
+    assert abs(statistics.median(client_gaps) - 4 * MS) < TOLERANCE_NS
+
+
+async def _timed_stream(url: str) -> list[int]:
+    async with aiohttp.ClientSession() as session, session.post(url + CHAT, json=_chat_body()) as r:
+        return [t for t, _ in await _sse_events(r)]
+
+
+async def test_keep_alive_reuses_one_connection() -> None:
+    async with LLMServer(tokens=2) as server, aiohttp.ClientSession() as session:
+        for _ in range(3):
+            async with session.post(server.url + CHAT, json=_chat_body()) as r:
+                await r.read()
+        assert server.connections == 1
+        assert len({rec.peer for rec in server.records}) == 1
+
+
+async def test_keepalive_false_closes_every_connection() -> None:
+    async with LLMServer(tokens=2, keepalive=False) as server, aiohttp.ClientSession() as s:
+        for _ in range(3):
+            async with s.post(server.url + CHAT, json=_chat_body()) as r:
+                assert r.headers["Connection"] == "close"
+                await r.read()
+        assert server.connections == 3
+
+
+# --- LLM server: faults ----------------------------------------------------------------
+
+
+async def _raw_exchange(port: int, body: dict[str, Any], timeout: float = 5.0) -> bytes:
+    """Send one HTTP/1.1 request on a raw socket and read until EOF."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    payload = json.dumps(body).encode()
+    head = f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+    writer.write(f"{head}Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+    try:
+        return await asyncio.wait_for(reader.read(-1), timeout)
+    finally:
+        writer.close()
+
+
+def _fault(fault: str, **knobs: Any) -> dict[str, Any]:
+    return _chat_body(testbed={"fault": fault, **knobs})
+
+
+async def test_fault_reset_sends_an_rst_after_fault_after_tokens(llm: LLMServer) -> None:
+    with pytest.raises(ConnectionResetError):
+        await _raw_exchange(llm.port, _fault("reset", fault_after=2))
+    assert llm.records[0].chunk_tokens == (1, 1)
+
+
+async def test_fault_truncate_ends_cleanly_without_done(llm: LLMServer) -> None:
+    data = await _raw_exchange(llm.port, _fault("truncate", fault_after=3))
+    assert data.endswith(b"0\r\n\r\n")  # the chunked body is properly terminated
+    assert data.count(b"tok000") == 3
+    assert b"[DONE]" not in data
+
+
+async def test_fault_malformed_corrupts_one_chunk_and_continues(llm: LLMServer) -> None:
+    events = await _stream(llm.url, _fault("malformed", fault_after=1))
+    assert events[-1] == "[DONE]"
+    bad = []
+    for event in events[:-1]:
+        try:
+            json.loads(event)
+        except ValueError:
+            bad.append(event)
+    assert len(bad) == 1
+    assert _content([e for e in events if e not in bad]).split() == [
+        "tok0000",
+        "tok0002",
+        "tok0003",
+    ]
+
+
+async def test_fault_stream_error_sends_error_event_then_done(llm: LLMServer) -> None:
+    events = await _stream(llm.url, _fault("stream_error", fault_after=2))
+    assert events[-1] == "[DONE]"
+    error = json.loads(events[-2])["error"]
+    assert (error["object"], error["code"]) == ("error", 500)
+    assert len(_content(events[:-2]).split()) == 2
+
+
+async def test_fault_http_error(llm: LLMServer) -> None:
+    body = _fault("http_error", fault_status=429)
+    async with aiohttp.ClientSession() as session, session.post(llm.url + CHAT, json=body) as r:
+        assert r.status == 429
+        error = await r.json()
+    assert set(error) == {"object", "message", "type", "param", "code"}
+    assert error["code"] == 429
+
+
+async def test_fault_hang_never_answers() -> None:
+    async with LLMServer() as server, aiohttp.ClientSession() as session:
+        timeout = aiohttp.ClientTimeout(total=0.2)
+        start = time.perf_counter()
+        with pytest.raises(asyncio.TimeoutError):
+            async with session.post(server.url + CHAT, json=_fault("hang"), timeout=timeout):
+                pass
+        assert time.perf_counter() - start < 1.0
+    assert server.records[0].headers_ns is None
+
+
+async def test_fault_close_before_headers(llm: LLMServer) -> None:
+    assert await _raw_exchange(llm.port, _fault("close_before_headers")) == b""
+    async with aiohttp.ClientSession() as session:
+        with pytest.raises(aiohttp.ServerDisconnectedError):
+            async with session.post(llm.url + CHAT, json=_fault("close_before_headers")):
+                pass
+
+
+# --- LLM server: other runners ---------------------------------------------------------
+
+
+def _sync_stream(port: int, body: dict[str, Any], host: str = "127.0.0.1") -> bytes:
+    conn = http.client.HTTPConnection(host, port, timeout=5)
+    try:
+        conn.request("POST", CHAT, json.dumps(body), {"Content-Type": "application/json"})
+        return conn.getresponse().read()
+    finally:
+        conn.close()
+
+
+def test_run_in_thread_serves_sync_clients() -> None:
+    with LLMServer(tokens=3, decode=0.002).run_in_thread() as server:
+        data = _sync_stream(server.port, _chat_body())
+        assert data.count(b"tok000") == 3
+        assert len(server.records) == 1
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", server.port), timeout=1).close()
+
+
+def test_run_in_subprocess_records_timing_and_dies_on_kill() -> None:
+    with LLMServer(prefill=0.020, decode=0.005, tokens=5).run_in_subprocess() as server:
+        assert server.pid > 0
+        before = time.perf_counter_ns()
+        for _ in range(3):
+            assert _sync_stream(server.port, _chat_body()).count(b"tok000") == 5
+        records = server.records
+        assert before < records[0].received_ns < time.perf_counter_ns()  # host-wide clock
+        first = [r.chunk_ns[0] - r.received_ns for r in records]
+        assert abs(statistics.median(first) - 20 * MS) < TOLERANCE_NS
+        assert server.connections == 3
+        server.kill()
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", server.port), timeout=1).close()
+
+
+# --- DNS server ------------------------------------------------------------------------
+
+
+def _resolver(server: DNSServer, lifetime: float = 2.0) -> dns.asyncresolver.Resolver:
+    resolver = dns.asyncresolver.Resolver(configure=False)
+    resolver.nameservers = [server.address]
+    resolver.port = server.port
+    resolver.lifetime = lifetime
+    return resolver
+
+
+async def test_dns_answers_a_and_aaaa() -> None:
+    records = {"llm.test": ["10.1.2.3", "fd00::1"]}
+    async with DNSServer(records=records) as server:
+        resolver = _resolver(server)
+        answer = await resolver.resolve("anything.test", "A")
+        assert [r.to_text() for r in answer] == ["127.0.0.1"]
+        answer = await resolver.resolve("anything.test", "AAAA")
+        assert [r.to_text() for r in answer] == ["::1"]
+        answer = await resolver.resolve("llm.test", "A", tcp=True)
+        assert [r.to_text() for r in answer] == ["10.1.2.3"]
+    assert server.queries == [("anything.test", "A"), ("anything.test", "AAAA"), ("llm.test", "A")]
+    assert [q.transport for q in server.log] == ["udp", "udp", "tcp"]
+    assert server.nameserver == f"127.0.0.1:{server.port}"
+
+
+async def _median_resolve_ns(resolver: dns.asyncresolver.Resolver) -> float:
+    elapsed = []
+    for _ in range(5):
+        start = time.perf_counter_ns()
+        await resolver.resolve("x.test", "A")
+        elapsed.append(time.perf_counter_ns() - start)
+    return statistics.median(elapsed)
+
+
+async def test_dns_delay_is_recovered_within_1_ms() -> None:
+    async with DNSServer(delay=0.0) as server:
+        resolver = _resolver(server)
+        base = await _median_resolve_ns(resolver)  # dnspython's own cost, ~0.5 ms here
+        server.delay = 0.020
+        delayed = await _median_resolve_ns(resolver)
+    assert abs(delayed - base - 20 * MS) < 1 * MS
+    answered = [q.answered_ns - q.received_ns for q in server.log[5:] if q.answered_ns]
+    assert len(answered) == 5
+    assert abs(statistics.median(answered) - 20 * MS) < TOLERANCE_NS
+
+
+async def test_dns_nxdomain_and_drop() -> None:
+    async with DNSServer(nxdomain=["gone.test"], drop=["slow.test."]) as server:
+        resolver = _resolver(server, lifetime=0.3)
+        with pytest.raises(dns.resolver.NXDOMAIN):
+            await resolver.resolve("gone.test", "A")
+        with pytest.raises(dns.exception.Timeout):
+            await resolver.resolve("slow.test", "A")
+    assert server.log[-1].answered_ns is None
+
+
+def test_dns_run_in_thread_serves_a_sync_resolver() -> None:
+    with DNSServer(records={"a.test": ["10.0.0.7"]}).run_in_thread() as server:
+        resolver = dns.resolver.Resolver(configure=False)
+        resolver.nameservers = [server.address]
+        resolver.port = server.port
+        assert [r.to_text() for r in resolver.resolve("a.test", "A")] == ["10.0.0.7"]
+        with pytest.raises(dns.resolver.NoAnswer):  # listed names get only their own records
+            resolver.resolve("a.test", "AAAA")
+    assert server.queries == [("a.test", "A"), ("a.test", "AAAA")]
+
+
+# --- TLS -------------------------------------------------------------------------------
+
+
+async def test_tls_client_context_trusts_the_test_ca(tmp_path: Path) -> None:
+    ca = TestCA()
+    async with LLMServer(ssl=ca.server_context(), tokens=2) as server:
+        assert server.url.startswith("https://127.0.0.1:")
+        connector = aiohttp.TCPConnector(ssl=ca.client_context())
+        async with (
+            aiohttp.ClientSession(connector=connector) as session,
+            session.post(server.url + CHAT, json=_chat_body()) as r,
+        ):
+            assert r.status == 200
+            assert r.connection is not None and r.connection.transport is not None
+            tls = r.connection.transport.get_extra_info("ssl_object")
+            assert tls.selected_alpn_protocol() is None  # the client offered none
+            await r.read()
+        async with aiohttp.ClientSession() as session:
+            with pytest.raises(aiohttp.ClientConnectorCertificateError):
+                await session.post(server.url + CHAT, json=_chat_body())
+    assert ca.ca_pem_path(tmp_path).read_bytes().startswith(b"-----BEGIN CERTIFICATE-----")
+
+
+def test_tls_in_a_subprocess(tmp_path: Path) -> None:
+    ca = TestCA()
+    server = LLMServer(ssl=ca.server_context(), tokens=2)
+    with server.run_in_subprocess(tls_pem=str(ca.server_pem_path(tmp_path))) as child:
+        assert child.url == f"https://127.0.0.1:{child.port}"
+        conn = http.client.HTTPSConnection("127.0.0.1", child.port, context=ca.client_context())
+        conn.request("POST", CHAT, json.dumps(_chat_body()))
+        assert conn.getresponse().read().count(b"tok000") == 2
+        conn.close()
+
+
+async def test_tls_alpn_is_negotiated() -> None:
+    ca = TestCA()
+    async with LLMServer(ssl=ca.server_context(alpn=("http/1.1",))) as server:
+        _, writer = await asyncio.open_connection(
+            "127.0.0.1", server.port, ssl=ca.client_context(alpn=("h2", "http/1.1"))
+        )
+        ssl_object: ssl.SSLObject = writer.get_extra_info("ssl_object")
+        assert ssl_object.selected_alpn_protocol() == "http/1.1"
+        writer.close()
+        await writer.wait_closed()
+
+
+# --- delay proxy -----------------------------------------------------------------------
+
+
+async def _echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    while data := await reader.read(65536):
+        writer.write(data)
+    writer.close()
+
+
+async def _rtts(port: int, count: int = 10) -> list[int]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    rtts = []
+    for _ in range(count):
+        start = time.perf_counter_ns()
+        writer.write(b"ping")
+        assert await reader.readexactly(4) == b"ping"
+        rtts.append(time.perf_counter_ns() - start)
+    writer.write_eof()
+    assert await reader.read() == b""  # the EOF went through and came back
+    writer.close()
+    return rtts
+
+
+async def test_delay_proxy_adds_two_one_way_delays_per_round_trip() -> None:
+    echo = await asyncio.start_server(_echo, "127.0.0.1", 0)
+    echo_port = echo.sockets[0].getsockname()[1]
+    try:
+        base = statistics.median(await _rtts(echo_port))
+        async with DelayProxy("127.0.0.1", echo_port, delay=0.005) as proxy:
+            proxied = statistics.median(await _rtts(proxy.port))
+            assert proxy.connections == 1
+    finally:
+        echo.close()
+    assert abs(proxied - base - 10 * MS) < TOLERANCE_NS
+
+
+async def test_delay_proxy_carries_an_llm_stream_and_resets() -> None:
+    async with (
+        LLMServer(tokens=3) as server,
+        DelayProxy(server.host, server.port, delay=0.002) as proxy,
+    ):
+        events = await _stream(proxy.url, _chat_body())
+        assert len(_content(events).split()) == 3
+        with pytest.raises(ConnectionResetError):
+            await _raw_exchange(proxy.port, _fault("reset", fault_after=1))
