@@ -63,6 +63,7 @@ class Recorder:
         self.usage_prompt: int | None = None
         self.usage_completion: int | None = None
         self.attributes: dict[str, AttrValue] = {}
+        self.interrupted = False
         self._finished = False
 
     # -- stages --
@@ -98,10 +99,11 @@ class Recorder:
         return ends[-1] if ends else None
 
     # -- response --
-    def response_headers(self, t_ns: int, status: int) -> None:
+    def response_headers(self, t_ns: int, status: int | None = None) -> None:
         """The response headers were complete at ``t_ns``."""
         self.headers_ns = t_ns
-        self.status = status
+        if status is not None:
+            self.status = status
 
     def chunk(
         self, t_ns: int, weight: int, tokens: int | None = None, reasoning: bool = False
@@ -116,8 +118,14 @@ class Recorder:
         if completion_tokens is not None:
             self.usage_completion = completion_tokens
 
-    def fail(self, error_type: str, message: str, t_ns: int) -> None:
-        """Record a failure at ``t_ns``; the first failure wins, later ones are kept as notes."""
+    def fail(self, error_type: str, message: str, t_ns: int, *, terminal: bool = True) -> None:
+        """Record a failure at ``t_ns``; the first failure wins, later ones are kept as notes.
+
+        ``terminal`` failures cut the request short (reset, timeout): stages still open end at
+        ``t_ns`` marked ``interrupted``. Non-terminal ones (a malformed chunk, an HTTP error
+        status with a complete body) leave the timeline as it is.
+        """
+        self.interrupted = self.interrupted or terminal
         if self.error is None:
             self.error_type, self.error = error_type, message
         else:
@@ -132,7 +140,7 @@ class Recorder:
             raise UsageError("this recorder already finished")
         self._finished = True
         for name in list(self._open):
-            self.end(name, t_ns, interrupted=self.error is not None)
+            self.end(name, t_ns, interrupted=self.interrupted)
         end_ns = max([t_ns, *(s.end_ns for s in self._spans)])
         spans = [*self._lag_span(), *self._spans, *self._response_spans(end_ns)]
         root_start = self.start_ns if self.intended_start_ns is None else self.intended_start_ns
@@ -172,7 +180,7 @@ class Recorder:
         send_end = self.span_end("send")
         if send_end is None:
             return []
-        failed = {"interrupted": True} if self.error is not None else {}
+        failed = {"interrupted": True} if self.interrupted else {}
         if self.headers_ns is None:
             return [Span("wait", send_end, max(send_end, end_ns), "client", failed)]
         headers = max(self.headers_ns, self.start_ns)

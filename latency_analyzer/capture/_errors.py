@@ -1,0 +1,47 @@
+"""Translate what aiohttp, asyncio and ssl raise into a (kind, message) for the waterfall."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+
+import aiohttp
+
+from ..timeline import Recorder
+
+__all__ = ["classify"]
+
+
+def _open_stage(recorder: Recorder) -> str:
+    for stage in ("dns", "connect", "tls", "send", "pool_wait"):
+        if recorder.is_open(stage):
+            return stage
+    if recorder.headers_ns is None:
+        return "wait" if recorder.has("send") else "connection setup"
+    return "the response body"
+
+
+def classify(exc: BaseException, recorder: Recorder, timeout: float | None) -> tuple[str, str]:
+    """Name the failure (``Waterfall.error_type``) and describe it for a person."""
+    if isinstance(exc, aiohttp.ClientConnectorDNSError):
+        return "dns", str(exc.os_error)
+    if isinstance(exc, (aiohttp.ClientConnectorCertificateError, aiohttp.ClientSSLError)):
+        return "tls", str(exc)
+    if isinstance(exc, ssl.SSLError):
+        return "tls", f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return "connect", str(exc)
+    if isinstance(exc, asyncio.TimeoutError):
+        where = _open_stage(recorder)
+        return "timeout", f"no complete response within {timeout} s (timed out during {where})"
+    if isinstance(exc, aiohttp.ServerDisconnectedError) and recorder.headers_ns is None:
+        return "disconnected", "server closed the connection before sending response headers"
+    if isinstance(exc, (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError)):
+        cause = exc.__cause__ or exc.__context__
+        detail = f" ({type(cause).__name__}: {cause})" if cause else ""
+        return "reset", f"response body cut short: {exc}{detail}"
+    if isinstance(exc, (aiohttp.ClientOSError, ConnectionError)):
+        return "reset", f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, aiohttp.ClientResponseError):
+        return "protocol", f"invalid HTTP response: {exc}"
+    return "error", f"{type(exc).__name__}: {exc}"

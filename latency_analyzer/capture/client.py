@@ -1,0 +1,301 @@
+"""The measuring HTTP/1.1 client: ``probe``/``aprobe`` for one request, ``Client`` for many.
+
+Every request, failed or not, comes back as a ``Waterfall``; nothing raised by the network is
+lost (``Waterfall.error``/``error_type`` say what broke, and the stages before it are kept).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import ssl as _ssl
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import aiohttp
+
+from ..errors import UsageError
+from ..timeline import Recorder, Waterfall
+from ._errors import classify
+from ._state import CURRENT, RequestState, TraceHook, now_ns
+from .connector import TimedConnector, TimedProtocol
+from .openai import (
+    ChunkReceived,
+    ErrorReceived,
+    Event,
+    MalformedChunk,
+    OpenAIStreamParser,
+    StreamTruncated,
+    UsageReceived,
+    error_message_from_body,
+    parse_openai_body,
+)
+from .resolver import DnsResolver
+
+__all__ = ["Client", "aprobe", "probe", "redact_url"]
+
+_SECRET_QUERY_KEYS = {"key", "api_key", "api-key", "apikey", "token", "access_token", "sig"}
+_ERROR_BODY_CAP = 64 * 1024
+
+
+def redact_url(url: str) -> str:
+    """The URL without user info and with secret-looking query values replaced by ``***``."""
+    parts = urlsplit(url)
+    netloc = parts.netloc.rsplit("@", 1)[-1]
+    query = urlencode(
+        [(k, "***" if k.lower() in _SECRET_QUERY_KEYS else v) for k, v in parse_qsl(parts.query)]
+    )
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def _ssl_arg(ssl: _ssl.SSLContext | None, insecure: bool) -> _ssl.SSLContext | bool:
+    if ssl is not None and insecure:
+        raise UsageError("give either ssl= (a context) or insecure=True, not both")
+    if insecure:
+        return False
+    return ssl if ssl is not None else True
+
+
+class Client:
+    """Keeps connections between requests, so cold and warm requests can be compared.
+
+    Args:
+        base_url: prefix for relative request URLs.
+        resolver: ``"HOST:PORT"`` of a DNS server to ask (dnspython); None: the system's
+            configuration, with ``/etc/hosts`` first.
+        ssl: an ``ssl.SSLContext`` (e.g. one trusting a private CA); None: system defaults.
+        insecure: skip certificate verification (``curl -k``).
+        timeout: seconds for a whole request, connection to last byte.
+        limit: most connections open at once; a request beyond it records ``pool_wait``.
+        keepalive: False opens a new connection for every request.
+        headers: sent with every request (never recorded in a waterfall or export).
+        trace: called as ``trace(event, info)`` for ``capture.<stage>.started/complete/failed``.
+    """
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        *,
+        resolver: str | None = None,
+        ssl: _ssl.SSLContext | None = None,
+        insecure: bool = False,
+        timeout: float = 60.0,
+        limit: int = 100,
+        keepalive: bool = True,
+        headers: Mapping[str, str] | None = None,
+        trace: TraceHook | None = None,
+    ) -> None:
+        self.base_url = base_url
+        self.timeout = timeout
+        self._resolver_spec = resolver
+        self._ssl = _ssl_arg(ssl, insecure)
+        self._limit = limit
+        self._keepalive = keepalive
+        self._headers = dict(headers or {})
+        self._trace = trace
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> Client:
+        self._open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close every pooled connection."""
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _open(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            connector = TimedConnector(
+                resolver=DnsResolver(self._resolver_spec, timeout=self.timeout),
+                limit=self._limit,
+                force_close=not self._keepalive,
+                ssl=self._ssl,
+            )
+            self._session = aiohttp.ClientSession(
+                connector=connector, headers=self._headers, trust_env=False
+            )
+        return self._session
+
+    def _url(self, url: str) -> str:
+        full = (
+            url
+            if "://" in url or not self.base_url
+            else self.base_url.rstrip("/") + "/" + url.lstrip("/")
+        )
+        if urlsplit(full).scheme not in ("http", "https") or not urlsplit(full).hostname:
+            raise UsageError(f"not an http(s) URL: {redact_url(full)!r}")
+        return full
+
+    async def request(
+        self,
+        url: str = "",
+        *,
+        method: str | None = None,
+        json: Any = None,
+        data: bytes | str | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        intended_start_ns: int | None = None,
+    ) -> Waterfall:
+        """Send one request and return its waterfall (never raises for network errors).
+
+        ``method`` defaults to POST when there is a body, else GET. ``intended_start_ns`` (a
+        ``perf_counter_ns`` value) is when an open-loop schedule wanted this request to start:
+        the delay until now becomes ``schedule_lag``.
+        """
+        start = now_ns()
+        full = self._url(url)
+        method = method or ("POST" if json is not None or data is not None else "GET")
+        limit = self.timeout if timeout is None else timeout
+        recorder = Recorder(
+            method, redact_url(full), start_ns=start, intended_start_ns=intended_start_ns
+        )
+        state = RequestState(recorder, self._trace)
+        token = CURRENT.set(state)
+        try:
+            await asyncio.wait_for(self._exchange(state, method, full, json, data, headers), limit)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # every network failure becomes data on the waterfall
+            kind, message = classify(exc, recorder, limit)
+            state.fail(kind, message, now_ns())
+        finally:
+            CURRENT.reset(token)
+            if state.protocol is not None and state.protocol.state is state:
+                state.protocol.detach()
+        proto = state.protocol
+        end = proto.body_end_ns if proto is not None and proto.body_end_ns else now_ns()
+        return recorder.finish(end if not recorder.interrupted else now_ns())
+
+    async def _exchange(
+        self,
+        state: RequestState,
+        method: str,
+        url: str,
+        json: Any,
+        data: bytes | str | None,
+        headers: Mapping[str, str] | None,
+    ) -> None:
+        session = self._open()
+        async with session.request(method, url, json=json, data=data, headers=headers) as resp:
+            rec = state.recorder
+            rec.status = resp.status
+            rec.http_version = _http_version(resp.version)
+            proto: TimedProtocol = state.protocol
+            if resp.status >= 400:
+                body = await resp.content.read(_ERROR_BODY_CAP)
+                reason = error_message_from_body(body) or resp.reason or ""
+                rec.fail("http_status", f"HTTP {resp.status}: {reason}", now_ns(), terminal=False)
+            elif resp.content_type == "text/event-stream":
+                await _read_stream(resp, proto, state)
+            elif resp.content_type == "application/json":
+                body = await resp.read()
+                _apply(parse_openai_body(body, proto.body_end_ns or now_ns()), state, _Tokens())
+            else:
+                async for _ in resp.content.iter_any():
+                    pass
+
+
+class _Tokens:
+    """Turns cumulative per-chunk usage (vLLM continuous usage stats) into per-chunk counts."""
+
+    __slots__ = ("seen",)
+
+    def __init__(self) -> None:
+        self.seen = 0
+
+    def delta(self, cumulative: int | None) -> int | None:
+        if cumulative is None or cumulative <= self.seen:
+            return None
+        step, self.seen = cumulative - self.seen, cumulative
+        return step
+
+
+async def _read_stream(
+    resp: aiohttp.ClientResponse, proto: TimedProtocol, state: RequestState
+) -> None:
+    parser = OpenAIStreamParser()
+    tokens = _Tokens()
+    offset = 0
+    async for data in resp.content.iter_any():
+        for piece, t in proto.arrivals(offset, data):
+            _apply(parser.feed(piece, t), state, tokens)
+        offset += len(data)
+        proto.forget_marks_before(offset)
+    end = proto.body_end_ns or now_ns()
+    closing = parser.close(end)
+    if parser.chunks == 0:  # not an OpenAI stream: a missing [DONE] says nothing
+        closing = [e for e in closing if not isinstance(e, StreamTruncated)]
+    _apply(closing, state, tokens)
+
+
+def _apply(events: list[Event], state: RequestState, tokens: _Tokens) -> None:
+    rec = state.recorder
+    for ev in events:
+        if isinstance(ev, ChunkReceived):
+            if ev.carries_token:
+                weight = len(ev.content) + len(ev.reasoning)
+                is_reasoning = bool(ev.reasoning) and not ev.content
+                rec.chunk(ev.time_ns, weight, tokens.delta(ev.completion_tokens), is_reasoning)
+        elif isinstance(ev, UsageReceived):
+            rec.usage(ev.prompt_tokens, ev.completion_tokens)
+        elif isinstance(ev, ErrorReceived):
+            state.fail(
+                "stream_error", f"server error in stream: {ev.message}", ev.time_ns, terminal=False
+            )
+        elif isinstance(ev, MalformedChunk):
+            state.fail(
+                "malformed_chunk",
+                f"malformed chunk ({ev.reason}): {ev.raw[:80]!r}",
+                ev.time_ns,
+                terminal=False,
+            )
+        elif isinstance(ev, StreamTruncated):
+            state.fail(
+                "truncated",
+                f"stream ended without [DONE] ({ev.reason})",
+                ev.time_ns,
+                terminal=False,
+            )
+
+
+def _http_version(version: aiohttp.HttpVersion | None) -> str | None:
+    if version is None:
+        return None
+    return "2" if version.major == 2 else f"{version.major}.{version.minor}"
+
+
+async def aprobe(
+    url: str,
+    *,
+    method: str | None = None,
+    json: Any = None,
+    data: bytes | str | None = None,
+    headers: Mapping[str, str] | None = None,
+    resolver: str | None = None,
+    ssl: _ssl.SSLContext | None = None,
+    insecure: bool = False,
+    timeout: float = 60.0,
+    trace: TraceHook | None = None,
+) -> Waterfall:
+    """One request on a fresh connection (cold: dns, connect, tls all measured)."""
+    async with Client(
+        resolver=resolver, ssl=ssl, insecure=insecure, timeout=timeout, trace=trace
+    ) as client:
+        return await client.request(url, method=method, json=json, data=data, headers=headers)
+
+
+def probe(url: str, **kwargs: Any) -> Waterfall:
+    """Synchronous ``aprobe``; inside a running event loop (a notebook) it uses a worker thread."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(aprobe(url, **kwargs))
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, aprobe(url, **kwargs)).result()

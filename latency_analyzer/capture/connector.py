@@ -1,0 +1,273 @@
+"""aiohttp connector and protocol that time pool wait, DNS, TCP connect, TLS and the bytes.
+
+Where each instant comes from:
+
+* ``pool_wait``: ``connect()`` entry → a pooled connection handed over, or a slot free to
+  open one (aiohttp's limit reached: the request queues here).
+* ``dns``: the whole ``_resolve_host`` call of *this* request, so a request that waits on
+  another's lookup (aiohttp throttles concurrent lookups) shows the time it really waited.
+* ``connect``: ``_wrap_create_connection`` entry → the protocol factory call. asyncio calls the
+  factory once the socket is connected and before any TLS byte, so this splits TCP from TLS.
+* ``tls``: factory call → ``connection_made``, which asyncio calls after the handshake.
+* ``send``: first ``transport.write`` of the request → the moment its last byte left our
+  buffer (write buffer limits are 0, so ``resume_writing`` tells when a backlog drained).
+* response headers and body bytes: stamped in ``data_received`` before aiohttp parses them;
+  body bytes are stamped by offset, so a reader that falls behind still gets arrival times.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import itertools
+from collections.abc import Iterator
+from typing import Any, cast
+
+from aiohttp import ClientRequest, ClientTimeout, TCPConnector
+from aiohttp.client_proto import ResponseHandler
+from aiohttp.connector import Connection
+from aiohttp.helpers import is_ip_address
+from aiohttp.tracing import Trace
+
+from ..timeline import ConnectionInfo, TlsInfo
+from ._state import CURRENT, RequestState, now_ns
+
+__all__ = ["TimedConnector", "TimedProtocol"]
+
+_connection_ids = itertools.count(1)
+
+
+class _TimedTransport:
+    """Delegates to the real transport; notes when request bytes are written."""
+
+    __slots__ = ("_proto", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, proto: TimedProtocol) -> None:
+        self._transport = transport
+        self._proto = proto
+
+    def write(self, data: Any) -> None:
+        self._proto.before_write()
+        self._transport.write(data)
+        self._proto.after_write(self._transport.get_write_buffer_size())
+
+    def writelines(self, chunks: Any) -> None:
+        self._proto.before_write()
+        self._transport.writelines(chunks)
+        self._proto.after_write(self._transport.get_write_buffer_size())
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+class TimedProtocol(ResponseHandler):
+    """aiohttp's response protocol, stamping request writes and response bytes."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop)
+        self.connection_id = next(_connection_ids)
+        self.requests_served = 0
+        self.made_ns: int | None = None
+        self.state: RequestState | None = None
+        self.last_write_ns = 0
+        self.backlog = False
+        self.body_end_ns: int | None = None
+        self._marks: list[tuple[int, int]] = []  # (body bytes received so far, arrival ns)
+        self._marked_payload: object = None
+
+    # -- connection --
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.made_ns = now_ns()
+        super().connection_made(transport)
+        transport = cast(asyncio.Transport, transport)
+        # pause_writing as soon as a byte stays buffered, resume_writing when all left: the
+        # edges of a send backlog. (high=0 would make asyncio's TLS transport pause while
+        # empty and resume only on the next received record.)
+        transport.set_write_buffer_limits(high=1, low=0)
+        self.transport = cast(asyncio.Transport, _TimedTransport(transport, self))
+
+    def attach(self, state: RequestState) -> None:
+        """Pin the request now using this connection (protocol callbacks cannot see ContextVars)."""
+        self.state = state
+        self.last_write_ns = 0
+        self.backlog = False
+        self.body_end_ns = None
+        self._marks = []
+        self._marked_payload = None
+
+    def detach(self) -> None:
+        self.state = None
+        self.requests_served += 1
+
+    # -- request bytes --
+    def before_write(self) -> None:
+        state = self.state
+        if (
+            state is not None
+            and not state.recorder.has("send")
+            and not state.recorder.is_open("send")
+        ):
+            state.begin("send", now_ns())
+
+    def after_write(self, buffered: int) -> None:
+        self.last_write_ns = now_ns()
+        self.backlog = buffered > 0
+
+    def resume_writing(self) -> None:
+        if self.backlog:  # the last request bytes just left our buffer
+            self.last_write_ns = now_ns()
+            self.backlog = False
+        super().resume_writing()
+
+    def close_send(self) -> None:
+        """End ``send`` at the last write that left nothing buffered (called at headers)."""
+        state = self.state
+        if state is not None and state.recorder.is_open("send"):
+            state.end("send", self.last_write_ns or now_ns(), backlog_at_headers=self.backlog)
+
+    # -- response bytes --
+    def data_received(self, data: bytes) -> None:
+        t = now_ns()
+        state = self.state
+        if state is None:
+            super().data_received(data)
+            return
+        before = self._payload
+        super().data_received(data)
+        payload = self._payload
+        if payload is None:
+            return
+        if payload is not before and state.recorder.headers_ns is None:
+            self.close_send()
+            state.recorder.response_headers(t)
+        if payload is not self._marked_payload:
+            self._marked_payload, self._marks = payload, []
+        received = payload.total_bytes
+        if not self._marks or received > self._marks[-1][0]:
+            self._marks.append((received, t))
+        if self.body_end_ns is None and payload.is_eof():
+            self.body_end_ns = t
+
+    def arrivals(self, offset: int, data: bytes) -> Iterator[tuple[bytes, int]]:
+        """Split body bytes read at ``offset`` into pieces with the time each piece arrived."""
+        end, pos = offset + len(data), offset
+        for received, t in self._marks:
+            if received <= pos:
+                continue
+            cut = min(received, end)
+            yield data[pos - offset : cut - offset], t
+            pos = cut
+            if pos >= end:
+                return
+        if pos < end:  # bytes no data_received stamped (cannot happen): the read time is next best
+            yield data[pos - offset :], now_ns()
+
+    def forget_marks_before(self, offset: int) -> None:
+        """Drop marks fully consumed, so a long stream keeps the list short."""
+        keep = 0
+        while keep < len(self._marks) - 1 and self._marks[keep][0] <= offset:
+            keep += 1
+        if keep:
+            del self._marks[:keep]
+
+
+class TimedConnector(TCPConnector):
+    """A TCPConnector whose connection work is recorded on the current request."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        loop = self._loop
+        factory: Any = functools.partial(TimedProtocol, loop)
+        self._factory = factory
+
+    async def connect(
+        self, req: ClientRequest, traces: list[Trace], timeout: ClientTimeout
+    ) -> Connection:
+        state = CURRENT.get()
+        if state is None:
+            return await super().connect(req, traces, timeout)
+        state.begin("pool_wait", now_ns())
+        conn = await super().connect(req, traces, timeout)
+        if state.recorder.is_open("pool_wait"):  # reused: no new connection was opened
+            state.end("pool_wait", now_ns())
+        proto = cast(TimedProtocol, conn.protocol)
+        state.recorder.connection = ConnectionInfo(
+            reused=not state.recorder.has("connect"),
+            connection_id=proto.connection_id,
+            peer=_peer(proto),
+            requests_before=proto.requests_served,
+        )
+        proto.attach(state)
+        state.protocol = proto
+        return conn
+
+    async def _create_connection(
+        self, req: ClientRequest, traces: list[Trace], timeout: ClientTimeout
+    ) -> ResponseHandler:
+        state = CURRENT.get()
+        if state is not None and state.recorder.is_open("pool_wait"):
+            state.end("pool_wait", now_ns())
+        return await super()._create_connection(req, traces, timeout)
+
+    async def _resolve_host(self, host: str, port: int, traces: Any = None) -> Any:
+        state = CURRENT.get()
+        if state is None or is_ip_address(host):
+            return await super()._resolve_host(host, port, traces)
+        state.begin("dns", now_ns(), host=host)
+        result = await super()._resolve_host(host, port, traces)
+        addresses = ",".join(str(r["host"]) for r in result)
+        state.end("dns", now_ns(), addresses=addresses)
+        return result
+
+    async def _wrap_create_connection(
+        self, *args: Any, req: ClientRequest, **kwargs: Any
+    ) -> tuple[asyncio.Transport, ResponseHandler]:
+        state = CURRENT.get()
+        if state is None:
+            return await super()._wrap_create_connection(*args, req=req, **kwargs)
+        factory, *rest = args
+        tls = bool(kwargs.get("ssl"))
+
+        def timed_factory() -> ResponseHandler:
+            t = now_ns()
+            if state.recorder.is_open("connect"):
+                state.end("connect", t)
+                if tls:
+                    state.begin("tls", t)
+            return cast(ResponseHandler, factory())
+
+        state.begin("connect", now_ns())
+        transport, proto = await super()._wrap_create_connection(
+            timed_factory, *rest, req=req, **kwargs
+        )
+        if tls and state.recorder.is_open("tls"):
+            made = cast(TimedProtocol, proto).made_ns or now_ns()
+            info = _tls_info(transport, kwargs.get("server_hostname"))
+            state.recorder.tls = info
+            state.end(
+                "tls", made, version=info.version, alpn=info.alpn, resumed=info.session_reused
+            )
+        return transport, proto
+
+
+def _tls_info(transport: asyncio.BaseTransport, server_hostname: object) -> TlsInfo:
+    ssl_object = transport.get_extra_info("ssl_object")
+    if ssl_object is None:
+        return TlsInfo(server_hostname=str(server_hostname) if server_hostname else None)
+    cipher = ssl_object.cipher()
+    return TlsInfo(
+        version=ssl_object.version(),
+        cipher=cipher[0] if cipher else None,
+        alpn=ssl_object.selected_alpn_protocol(),
+        session_reused=ssl_object.session_reused,
+        server_hostname=str(server_hostname) if server_hostname else None,
+    )
+
+
+def _peer(proto: ResponseHandler) -> str | None:
+    transport = proto.transport
+    peer = transport.get_extra_info("peername") if transport is not None else None
+    if not peer:
+        return None
+    host, port = peer[0], peer[1]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

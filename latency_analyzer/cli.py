@@ -1,0 +1,118 @@
+"""``latency-analyzer``: probe a URL, or run the demo against built-in loopback servers."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import ssl
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+from .capture.client import probe
+from .errors import UsageError
+from .report.text import render_waterfall
+from .timeline import Waterfall
+
+__all__ = ["main"]
+
+
+def _header(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition(":")
+    if not sep or not name.strip():
+        raise argparse.ArgumentTypeError(f"header must look like 'Name: value', got {text!r}")
+    return name.strip(), value.strip()
+
+
+def _body(spec: str | None) -> tuple[Any, str | None]:
+    """``-d`` as curl reads it (``@file`` from a file); JSON text is sent as JSON."""
+    if spec is None:
+        return None, None
+    text = Path(spec[1:]).read_text(encoding="utf-8") if spec.startswith("@") else spec
+    try:
+        return json.loads(text), None
+    except ValueError:
+        return None, text
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="latency-analyzer", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("probe", help="time one request and show where its time went")
+    p.add_argument("url")
+    p.add_argument(
+        "-X", "--request", dest="method", metavar="METHOD", help="default: POST with -d, else GET"
+    )
+    p.add_argument(
+        "-H",
+        "--header",
+        dest="headers",
+        action="append",
+        type=_header,
+        default=[],
+        metavar="'NAME: VALUE'",
+    )
+    p.add_argument("-d", "--data", metavar="DATA|@FILE", help="request body; JSON is sent as JSON")
+    p.add_argument("--json", action="store_true", help="print one JSON object (see DESIGN.md)")
+    p.add_argument("--resolver", metavar="HOST:PORT", help="ask this DNS server (default: system)")
+    p.add_argument(
+        "--insecure", "-k", action="store_true", help="do not verify the TLS certificate"
+    )
+    p.add_argument("--cacert", metavar="PATH", help="trust this CA bundle (PEM)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="whole request (default: %(default)s)",
+    )
+    p.add_argument("--no-color", action="store_true", help="plain text even on a terminal")
+    d = sub.add_parser("demo", help="start loopback servers with known delays and probe them")
+    d.add_argument("--json", action="store_true", help="print the waterfalls as JSON lines")
+    return parser
+
+
+def _print(wf: Waterfall, as_json: bool, colour: bool) -> None:
+    if as_json:
+        print(json.dumps(wf.summary()))
+    else:
+        print(render_waterfall(wf, colour=colour))
+
+
+def _probe(args: argparse.Namespace) -> int:
+    body, data = _body(args.data)
+    context = ssl.create_default_context(cafile=args.cacert) if args.cacert else None
+    wf = probe(
+        args.url,
+        method=args.method,
+        json=body,
+        data=data,
+        headers=dict(args.headers),
+        resolver=args.resolver,
+        ssl=context,
+        insecure=args.insecure,
+        timeout=args.timeout,
+    )
+    _print(wf, args.json, sys.stdout.isatty() and not args.no_color)
+    return 0 if wf.ok else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the console script; returns the exit status (1: the request failed)."""
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "probe":
+            return _probe(args)
+        from .demo import run_demo
+
+        return run_demo(as_json=args.json, colour=sys.stdout.isatty())
+    except (UsageError, OSError) as exc:
+        print(f"latency-analyzer: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

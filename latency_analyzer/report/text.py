@@ -1,0 +1,92 @@
+"""Text waterfall for terminals, in the spirit of httpstat: a bar per stage, offsets to scale."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+from ..timeline import Waterfall
+
+__all__ = ["render_waterfall"]
+
+_BAR_WIDTH = 40
+_COLOURS = {  # ANSI 256-colour codes from the Okabe-Ito colour-blind-safe palette
+    "schedule_lag": 244,
+    "pool_wait": 180,
+    "dns": 214,
+    "connect": 75,
+    "tls": 31,
+    "h2_setup": 38,
+    "send": 72,
+    "wait": 167,
+    "first_token": 176,
+    "decode": 35,
+    "tail": 250,
+    "network": 250,
+    "other": 240,
+}
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.2f} ms"
+
+
+def _paint(text: str, stage: str, colour: bool) -> str:
+    if not colour:
+        return text
+    return f"\x1b[38;5;{_COLOURS.get(stage, 250)}m{text}\x1b[0m"
+
+
+def _bar(offset_ns: int, length_ns: int, total_ns: int) -> str:
+    scale = _BAR_WIDTH / total_ns if total_ns else 0.0
+    lead = min(_BAR_WIDTH - 1, int(offset_ns * scale))
+    size = max(1, math.ceil(length_ns * scale)) if length_ns else 0
+    return " " * lead + ("█" * min(size, _BAR_WIDTH - lead) if size else "▏")
+
+
+def _headline(wf: Waterfall) -> str:
+    conn = wf.connection
+    how = "reused connection" if conn.reused else "new connection"
+    peer = f" to {conn.peer}" if conn.peer else ""
+    tls = f", {wf.tls.version} ALPN {wf.tls.alpn or '-'}" if wf.tls and wf.tls.version else ""
+    version = f"HTTP/{wf.http_version}" if wf.http_version else "no response"
+    status = wf.status if wf.status is not None else "-"
+    return f"{wf.method} {wf.url}\n  {status} {version}, {how}{peer}{tls}"
+
+
+def _rows(wf: Waterfall, colour: bool) -> list[str]:
+    total = wf.e2e_ns
+    attribution = wf.attribution_ns()
+    rows = [f"  {'stage':<12} {'self':>10} {'ends at':>10}  |{'':<{_BAR_WIDTH}}|"]
+    for span in wf.root.children:
+        offset, self_ns = span.start_ns - wf.start_ns, attribution.get(span.name, span.duration_ns)
+        mark = " (interrupted)" if span.attributes.get("interrupted") else ""
+        bar = _paint(_bar(offset, span.duration_ns, total).ljust(_BAR_WIDTH), span.name, colour)
+        ends = (span.end_ns - wf.start_ns) / 1e9
+        rows.append(f"  {span.name:<12} {_ms(self_ns / 1e9):>10} {_ms(ends):>10}  |{bar}|{mark}")
+    for residual in ("network", "other"):
+        if attribution.get(residual):
+            rows.append(f"  {residual:<12} {_ms(attribution[residual] / 1e9):>10}")
+    rows.append(f"  {'e2e':<12} {_ms(wf.e2e):>10}   (stages above add up to it)")
+    return rows
+
+
+def _metrics(wf: Waterfall) -> list[str]:
+    if wf.ttft is None:
+        return []
+    line = f"  TTFT {_ms(wf.ttft)}"
+    if wf.ttfrt is not None:
+        line += f" (reasoning {_ms(wf.ttfrt)}, answer {_ms(wf.ttfat)})"
+    line += f" · TPOT {_ms(wf.tpot)} · {wf.output_tokens} output tokens ({wf.output_tokens_source})"
+    itl = wf.itl
+    if len(itl) >= 2:
+        line += f" · ITL median {_ms(statistics.median(itl))}, max {_ms(max(itl))}"
+    return [line]
+
+
+def render_waterfall(wf: Waterfall, *, colour: bool = False) -> str:
+    """The waterfall as lines of text; ``colour`` adds ANSI colours (for a TTY)."""
+    lines = [_headline(wf), *_rows(wf, colour), *_metrics(wf)]
+    if wf.error:
+        lines.append(f"  error ({wf.error_type}): {wf.error}")
+    return "\n".join(lines)

@@ -1,0 +1,47 @@
+"""Developer tasks: ``nox -s tests`` (the README's test command), ``lint``, ``bench``, ``demo``."""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.default_venv_backend = "venv"
+nox.options.sessions = ["lint", "tests"]
+nox.options.reuse_existing_virtualenvs = True
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """The test suite against the installed package (loopback servers only)."""
+    session.install(".[test]")
+    session.run("pytest", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff (lint + format check) and mypy --strict on the package."""
+    session.install(".[dev]")
+    session.run("ruff", "check", "latency_analyzer", "tests", "benchmarks", "noxfile.py")
+    session.run(
+        "ruff", "format", "--check", "latency_analyzer", "tests", "benchmarks", "noxfile.py"
+    )
+    session.run("mypy", "--strict", "latency_analyzer")
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Overhead benchmarks; writes JSON to bench-results/."""
+    session.install(".")
+    session.run(
+        "python",
+        "benchmarks/bench_overhead.py",
+        "--out",
+        "bench-results/overhead.json",
+        *session.posargs,
+    )
+
+
+@nox.session
+def demo(session: nox.Session) -> None:
+    """The README's first command: the demo against built-in loopback servers."""
+    session.install(".")
+    session.run("latency-analyzer", "demo")

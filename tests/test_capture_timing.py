@@ -1,0 +1,158 @@
+"""Injected delays are recovered by the right stage, within max(0.5 ms, 3%).
+
+Servers that must be precise run in their own process (no GIL contention with the client);
+``perf_counter_ns`` is CLOCK_MONOTONIC, shared across processes, so server ground truth and
+client stages are on one clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import assert_exact, tolerance
+
+import latency_analyzer as la
+from latency_analyzer.testing import DelayProxy, DNSServer, LLMServer, SubprocessLLMServer, TestCA
+
+HEADER_DELAY, PREFILL, DECODE, TOKENS = 0.020, 0.040, 0.005, 20
+N = 20
+
+
+def _body(**testbed: object) -> dict[str, object]:
+    return {
+        "model": "m",
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "messages": [{"role": "user", "content": "hello there"}],
+        "testbed": testbed,
+    }
+
+
+@pytest.fixture(scope="module")
+def llm() -> Iterator[SubprocessLLMServer]:
+    server = LLMServer(header_delay=HEADER_DELAY, prefill=PREFILL, decode=DECODE, tokens=TOKENS)
+    with server.run_in_subprocess() as s:
+        yield s
+
+
+async def _series(url: str, n: int, **testbed: object) -> list[la.Waterfall]:
+    async with la.Client(url) as client:
+        out = [
+            await client.request("/v1/chat/completions", json=_body(**testbed)) for _ in range(n)
+        ]
+    for wf in out:
+        assert wf.ok, wf.error
+        assert_exact(wf)
+    return out
+
+
+def _median(wfs: list[la.Waterfall], stage: str) -> float:
+    return statistics.median(wf.attribution()[stage] for wf in wfs)
+
+
+async def test_header_prefill_and_decode_land_in_their_stages(llm: SubprocessLLMServer) -> None:
+    wfs = await _series(llm.url, N)
+    # header_delay is the server's wait before the response headers
+    assert abs(_median(wfs, "wait") - HEADER_DELAY) <= tolerance(HEADER_DELAY)
+    # queue + prefill lie between the headers and the first token (the role chunk is no token)
+    assert abs(_median(wfs, "first_token") - PREFILL) <= tolerance(PREFILL)
+    decode = (TOKENS - 1) * DECODE
+    assert abs(_median(wfs, "decode") - decode) <= tolerance(decode)
+    tpots = [wf.tpot for wf in wfs if wf.tpot is not None]
+    assert len(tpots) == N
+    assert abs(statistics.median(tpots) - DECODE) <= 0.0003
+    wf = wfs[-1]
+    assert wf.output_tokens == TOKENS and wf.output_tokens_source == "usage"
+    assert len(wf.itl) == TOKENS - 1 and len(wf.chunk_gaps) == TOKENS - 1
+    # TTFT is the request's start to the end of first_token: every stage before it, plus other
+    before = ("pool_wait", "send", "wait", "first_token", "other")
+    assert wf.ttft == pytest.approx(sum(wf.attribution()[s] for s in before), abs=1e-9)
+
+
+async def test_stage_instants_match_server_ground_truth(llm: SubprocessLLMServer) -> None:
+    """Each client instant follows the server's own write by loopback latency only."""
+    wfs = await _series(llm.url, 5)
+    records = llm.records[-5:]
+    for wf, rec in zip(wfs, records, strict=True):
+        assert rec.headers_ns is not None and rec.first_token_ns is not None
+        headers_lag = wf.stages["wait"].end_ns - rec.headers_ns
+        first_lag = wf.first_token_ns - rec.first_token_ns if wf.first_token_ns else None
+        last_lag = wf.last_token_ns - rec.chunk_ns[-1] if wf.last_token_ns else None
+        for lag in (headers_lag, first_lag, last_lag):
+            assert (
+                lag is not None and 0 <= lag < 500_000
+            )  # bytes arrive after they are sent, < 0.5 ms
+
+
+async def test_tokens_per_chunk_give_equal_per_token_gaps(llm: SubprocessLLMServer) -> None:
+    wf = (await _series(llm.url, 1, tokens=12, tokens_per_chunk=3, decode=0.004))[0]
+    assert wf.output_tokens == 12 and wf.chunk_tokens == (3, 3, 3, 3)
+    # a 3-token chunk is sent when its last token is due: 12 ms apart, 4 ms per token
+    assert len(wf.itl) == 11
+    assert statistics.median(wf.itl[2:]) == pytest.approx(0.004, abs=0.0003)
+    assert statistics.median(wf.chunk_gaps) == pytest.approx(0.012, abs=0.0005)
+    assert sum(wf.itl) / len(wf.itl) == pytest.approx(wf.tpot)
+
+
+async def test_dns_delay_lands_in_dns() -> None:
+    """The injected DNS delay shows up in ``dns``, fully (against the same lookup undelayed)."""
+    async with LLMServer() as llm, DNSServer() as dns:
+        url = f"http://llm.test:{llm.port}/health"
+        measured = {}
+        for delay in (0.0, 0.020):
+            dns.delay = delay
+            wfs = [await la.aprobe(url, resolver=dns.nameserver) for _ in range(7)]
+            for wf in wfs:
+                assert wf.ok and wf.stages["dns"].attributes["addresses"] == "127.0.0.1,::1"
+                assert_exact(wf)
+            measured[delay] = _median(wfs, "dns")
+    assert abs((measured[0.020] - measured[0.0]) - 0.020) <= tolerance(0.020)
+    assert measured[0.0] < 0.005  # the undelayed lookup itself is quick on loopback
+
+
+async def test_concurrent_requests_each_record_the_dns_wait_they_had() -> None:
+    """aiohttp shares one in-flight lookup: the request that waits on it still shows the wait."""
+    async with LLMServer() as llm, DNSServer(delay=0.030) as dns:
+        async with la.Client(resolver=dns.nameserver, limit=2) as client:
+            a, b = await asyncio.gather(
+                client.request(f"http://llm.test:{llm.port}/health"),
+                client.request(f"http://llm.test:{llm.port}/health"),
+            )
+        assert len(dns.queries) == 2  # one lookup (A + AAAA) for both requests
+    for wf in (a, b):
+        assert abs(wf.attribution()["dns"] - 0.030) <= 0.003  # each waited the whole lookup
+        assert_exact(wf)
+
+
+async def _cold_tls_series(proxy_port: int, ca: TestCA, n: int) -> list[la.Waterfall]:
+    out = []
+    for _ in range(n):  # a new client each time: a new connection and a full handshake
+        async with la.Client(ssl=ca.client_context()) as client:
+            url = f"https://localhost:{proxy_port}/v1/chat/completions"
+            out.append(await client.request(url, json=_body(tokens=2)))
+    for wf in out:
+        assert wf.ok, wf.error
+        assert_exact(wf)
+        assert wf.tls is not None and wf.tls.version == "TLSv1.3"
+    return out
+
+
+async def test_round_trip_delay_shows_in_tls_and_wait(ca: TestCA, server_pem: Path) -> None:
+    """A proxy adding 5 ms each way: TLS 1.3 (one round trip) and wait each gain 10 ms."""
+    one_way = 0.005
+    server = LLMServer(ssl=ca.server_context())
+    medians: dict[float, dict[str, float]] = {}
+    with server.run_in_subprocess(tls_pem=str(server_pem)) as llm:
+        for delay in (0.0, one_way):
+            async with DelayProxy(llm.host, llm.port, delay) as proxy:
+                wfs = await _cold_tls_series(proxy.port, ca, 7)
+            medians[delay] = {s: _median(wfs, s) for s in ("connect", "tls", "wait")}
+    rtt = 2 * one_way
+    assert medians[one_way]["connect"] < 0.001  # the SYN/ACK comes from the local proxy
+    assert medians[one_way]["tls"] >= rtt
+    assert abs(medians[one_way]["tls"] - medians[0.0]["tls"] - rtt) <= 0.0015  # crypto jitter
+    assert abs(medians[one_way]["wait"] - medians[0.0]["wait"] - rtt) <= tolerance(rtt)
