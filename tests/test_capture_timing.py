@@ -75,17 +75,18 @@ async def test_header_prefill_and_decode_land_in_their_stages(llm: SubprocessLLM
 
 async def test_stage_instants_match_server_ground_truth(llm: SubprocessLLMServer) -> None:
     """Each client instant follows the server's own write by loopback latency only."""
-    wfs = await _series(llm.url, 5)
-    records = llm.records[-5:]
+    wfs = await _series(llm.url, 9)
+    records = llm.records[-9:]
+    lags: dict[str, list[int]] = {"headers": [], "first": [], "last": []}
     for wf, rec in zip(wfs, records, strict=True):
         assert rec.headers_ns is not None and rec.first_token_ns is not None
-        headers_lag = wf.stages["wait"].end_ns - rec.headers_ns
-        first_lag = wf.first_token_ns - rec.first_token_ns if wf.first_token_ns else None
-        last_lag = wf.last_token_ns - rec.chunk_ns[-1] if wf.last_token_ns else None
-        for lag in (headers_lag, first_lag, last_lag):
-            assert (
-                lag is not None and 0 <= lag < 500_000
-            )  # bytes arrive after they are sent, < 0.5 ms
+        assert wf.first_token_ns is not None and wf.last_token_ns is not None
+        lags["headers"].append(wf.stages["wait"].end_ns - rec.headers_ns)
+        lags["first"].append(wf.first_token_ns - rec.first_token_ns)
+        lags["last"].append(wf.last_token_ns - rec.chunk_ns[-1])
+    for name, values in lags.items():
+        assert min(values) >= 0, name  # causality: nothing arrives before it was sent
+        assert statistics.median(values) < 500_000, name  # loopback: well under 0.5 ms
 
 
 async def test_tokens_per_chunk_give_equal_per_token_gaps(llm: SubprocessLLMServer) -> None:

@@ -30,12 +30,15 @@ CURRENT: ContextVar[RequestState | None] = ContextVar("latency_analyzer_request"
 class RequestState:
     """The recorder of one request plus the trace hook, as the capture code sees them."""
 
-    __slots__ = ("protocol", "recorder", "trace")
+    __slots__ = ("body_end_ns", "protocol", "recorder", "trace")
 
     def __init__(self, recorder: Recorder, trace: TraceHook | None = None) -> None:
         self.recorder = recorder
         self.trace = trace
         self.protocol: Any = None  # the TimedProtocol carrying this request, once connected
+        # When the last response byte arrived. Kept here, not on the protocol: the connection
+        # may carry the next request before this one is frozen.
+        self.body_end_ns: int | None = None
 
     def begin(self, stage: str, t_ns: int, **attrs: AttrValue) -> None:
         self.recorder.begin(stage, t_ns, **attrs)

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import io
+import json as _json
 import ssl as _ssl
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import unquote_plus, urlsplit, urlunsplit
 
 import aiohttp
 
@@ -37,16 +39,23 @@ __all__ = ["Client", "aprobe", "probe", "redact_url"]
 
 _SECRET_QUERY_KEYS = {"key", "api_key", "api-key", "apikey", "token", "access_token", "sig"}
 _ERROR_BODY_CAP = 64 * 1024
+_STREAM_BODY_OVER = 512 * 1024
 
 
 def redact_url(url: str) -> str:
-    """The URL without user info and with secret-looking query values replaced by ``***``."""
+    """The URL without user info and with secret-looking query values replaced by ``***``.
+
+    Other query parameters are kept exactly as written (no re-encoding).
+    """
     parts = urlsplit(url)
     netloc = parts.netloc.rsplit("@", 1)[-1]
-    query = urlencode(
-        [(k, "***" if k.lower() in _SECRET_QUERY_KEYS else v) for k, v in parse_qsl(parts.query)]
-    )
+    query = "&".join(_redact_param(p) for p in parts.query.split("&")) if parts.query else ""
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def _redact_param(param: str) -> str:
+    key, sep, _ = param.partition("=")
+    return f"{key}=***" if sep and unquote_plus(key).lower() in _SECRET_QUERY_KEYS else param
 
 
 def _ssl_arg(ssl: _ssl.SSLContext | None, insecure: bool) -> _ssl.SSLContext | bool:
@@ -71,6 +80,7 @@ class Client:
         keepalive: False opens a new connection for every request.
         headers: sent with every request (never recorded in a waterfall or export).
         trace: called as ``trace(event, info)`` for ``capture.<stage>.started/complete/failed``.
+        dns_timeout: seconds a DNS lookup may take (at most ``timeout``).
     """
 
     def __init__(
@@ -85,9 +95,11 @@ class Client:
         keepalive: bool = True,
         headers: Mapping[str, str] | None = None,
         trace: TraceHook | None = None,
+        dns_timeout: float = 5.0,
     ) -> None:
         self.base_url = base_url
         self.timeout = timeout
+        self.dns_timeout = min(dns_timeout, timeout)
         self._resolver_spec = resolver
         self._ssl = _ssl_arg(ssl, insecure)
         self._limit = limit
@@ -112,7 +124,7 @@ class Client:
     def _open(self) -> aiohttp.ClientSession:
         if self._session is None:
             connector = TimedConnector(
-                resolver=DnsResolver(self._resolver_spec, timeout=self.timeout),
+                resolver=DnsResolver(self._resolver_spec, timeout=self.dns_timeout),
                 limit=self._limit,
                 force_close=not self._keepalive,
                 ssl=self._ssl,
@@ -163,15 +175,18 @@ class Client:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # every network failure becomes data on the waterfall
+            failed_at = now_ns()
+            if state.protocol is not None and not state.protocol.backlog:
+                state.protocol.close_send()  # all bytes had left: the request was sent
             kind, message = classify(exc, recorder, limit)
-            state.fail(kind, message, now_ns())
+            state.fail(kind, message, failed_at)
         finally:
             CURRENT.reset(token)
             if state.protocol is not None and state.protocol.state is state:
                 state.protocol.detach()
-        proto = state.protocol
-        end = proto.body_end_ns if proto is not None and proto.body_end_ns else now_ns()
-        return recorder.finish(end if not recorder.interrupted else now_ns())
+        if recorder.interrupted or state.body_end_ns is None:
+            return recorder.finish(now_ns())
+        return recorder.finish(state.body_end_ns)
 
     async def _exchange(
         self,
@@ -179,11 +194,13 @@ class Client:
         method: str,
         url: str,
         json: Any,
-        data: bytes | str | None,
+        data: bytes | str | io.BytesIO | None,
         headers: Mapping[str, str] | None,
     ) -> None:
         session = self._open()
-        async with session.request(method, url, json=json, data=data, headers=headers) as resp:
+        if json is not None:
+            data, headers = _json_body(json, headers)
+        async with session.request(method, url, data=data, headers=headers) as resp:
             rec = state.recorder
             rec.status = resp.status
             rec.http_version = _http_version(resp.version)
@@ -196,10 +213,22 @@ class Client:
                 await _read_stream(resp, proto, state)
             elif resp.content_type == "application/json":
                 body = await resp.read()
-                _apply(parse_openai_body(body, proto.body_end_ns or now_ns()), state, _Tokens())
+                events = parse_openai_body(body, state.body_end_ns or now_ns())
+                _apply(events, state, _Tokens(), per_chunk_usage=False)
             else:
                 async for _ in resp.content.iter_any():
                     pass
+
+
+def _json_body(
+    obj: Any, headers: Mapping[str, str] | None
+) -> tuple[bytes | io.BytesIO, Mapping[str, str]]:
+    """Serialise a JSON body; large ones go as a stream (aiohttp warns on raw bytes > 1 MiB)."""
+    raw = _json.dumps(obj).encode()
+    merged = dict(headers or {})
+    if not any(k.lower() == "content-type" for k in merged):
+        merged["Content-Type"] = "application/json"
+    return (io.BytesIO(raw) if len(raw) > _STREAM_BODY_OVER else raw), merged
 
 
 class _Tokens:
@@ -228,21 +257,23 @@ async def _read_stream(
             _apply(parser.feed(piece, t), state, tokens)
         offset += len(data)
         proto.forget_marks_before(offset)
-    end = proto.body_end_ns or now_ns()
-    closing = parser.close(end)
+    closing = parser.close(state.body_end_ns or now_ns())
     if parser.chunks == 0:  # not an OpenAI stream: a missing [DONE] says nothing
         closing = [e for e in closing if not isinstance(e, StreamTruncated)]
     _apply(closing, state, tokens)
 
 
-def _apply(events: list[Event], state: RequestState, tokens: _Tokens) -> None:
+def _apply(
+    events: list[Event], state: RequestState, tokens: _Tokens, per_chunk_usage: bool = True
+) -> None:
     rec = state.recorder
     for ev in events:
         if isinstance(ev, ChunkReceived):
             if ev.carries_token:
                 weight = len(ev.content) + len(ev.reasoning)
                 is_reasoning = bool(ev.reasoning) and not ev.content
-                rec.chunk(ev.time_ns, weight, tokens.delta(ev.completion_tokens), is_reasoning)
+                known = tokens.delta(ev.completion_tokens) if per_chunk_usage else None
+                rec.chunk(ev.time_ns, weight, known, is_reasoning)
         elif isinstance(ev, UsageReceived):
             rec.usage(ev.prompt_tokens, ev.completion_tokens)
         elif isinstance(ev, ErrorReceived):
@@ -282,12 +313,22 @@ async def aprobe(
     ssl: _ssl.SSLContext | None = None,
     insecure: bool = False,
     timeout: float = 60.0,
+    dns_timeout: float = 5.0,
     trace: TraceHook | None = None,
 ) -> Waterfall:
-    """One request on a fresh connection (cold: dns, connect, tls all measured)."""
-    async with Client(
-        resolver=resolver, ssl=ssl, insecure=insecure, timeout=timeout, trace=trace
-    ) as client:
+    """One request on a fresh connection (cold: dns, connect, tls all measured).
+
+    Arguments are those of ``Client`` and ``Client.request``.
+    """
+    client = Client(
+        resolver=resolver,
+        ssl=ssl,
+        insecure=insecure,
+        timeout=timeout,
+        dns_timeout=dns_timeout,
+        trace=trace,
+    )
+    async with client:
         return await client.request(url, method=method, json=json, data=data, headers=headers)
 
 

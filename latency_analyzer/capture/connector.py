@@ -71,7 +71,6 @@ class TimedProtocol(ResponseHandler):
         self.state: RequestState | None = None
         self.last_write_ns = 0
         self.backlog = False
-        self.body_end_ns: int | None = None
         self._marks: list[tuple[int, int]] = []  # (body bytes received so far, arrival ns)
         self._marked_payload: object = None
 
@@ -91,7 +90,6 @@ class TimedProtocol(ResponseHandler):
         self.state = state
         self.last_write_ns = 0
         self.backlog = False
-        self.body_end_ns = None
         self._marks = []
         self._marked_payload = None
 
@@ -145,8 +143,8 @@ class TimedProtocol(ResponseHandler):
         received = payload.total_bytes
         if not self._marks or received > self._marks[-1][0]:
             self._marks.append((received, t))
-        if self.body_end_ns is None and payload.is_eof():
-            self.body_end_ns = t
+        if state.body_end_ns is None and payload.is_eof():
+            state.body_end_ns = t
 
     def arrivals(self, offset: int, data: bytes) -> Iterator[tuple[bytes, int]]:
         """Split body bytes read at ``offset`` into pieces with the time each piece arrived."""

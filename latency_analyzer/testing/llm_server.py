@@ -505,7 +505,7 @@ class LLMServer(Service):
 
     async def start(self) -> None:
         """Bind and start serving."""
-        app = web.Application()
+        app = web.Application(client_max_size=64 * 1024 * 1024)  # 128K-token prompts fit
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_get("/health", self._health)
