@@ -109,6 +109,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .demo import run_demo
 
         return run_demo(as_json=args.json, colour=sys.stdout.isatty())
+    except BrokenPipeError:  # output piped into `head` and the like: stop quietly
+        sys.stderr.close()
+        return 0
     except (UsageError, OSError) as exc:
         print(f"latency-analyzer: {exc}", file=sys.stderr)
         return 2

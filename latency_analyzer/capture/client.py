@@ -171,7 +171,9 @@ class Client:
         state = RequestState(recorder, self._trace)
         token = CURRENT.set(state)
         try:
-            await asyncio.wait_for(self._exchange(state, method, full, json, data, headers), limit)
+            # aiohttp's own total timeout: no extra task per request (wait_for makes one)
+            timer = aiohttp.ClientTimeout(total=limit)
+            await self._exchange(state, method, full, json, data, headers, timer)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # every network failure becomes data on the waterfall
@@ -196,11 +198,12 @@ class Client:
         json: Any,
         data: bytes | str | io.BytesIO | None,
         headers: Mapping[str, str] | None,
+        timer: aiohttp.ClientTimeout,
     ) -> None:
         session = self._open()
         if json is not None:
             data, headers = _json_body(json, headers)
-        async with session.request(method, url, data=data, headers=headers) as resp:
+        async with session.request(method, url, data=data, headers=headers, timeout=timer) as resp:
             rec = state.recorder
             rec.status = resp.status
             rec.http_version = _http_version(resp.version)
@@ -213,8 +216,9 @@ class Client:
                 await _read_stream(resp, proto, state)
             elif resp.content_type == "application/json":
                 body = await resp.read()
-                events = parse_openai_body(body, state.body_end_ns or now_ns())
-                _apply(events, state, _Tokens(), per_chunk_usage=False)
+                if b'"choices"' in body:  # an OpenAI-style completion, not any JSON document
+                    events = parse_openai_body(body, state.body_end_ns or now_ns())
+                    _apply(events, state, _Tokens(), per_chunk_usage=False)
             else:
                 async for _ in resp.content.iter_any():
                     pass

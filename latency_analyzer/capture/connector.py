@@ -56,6 +56,19 @@ class _TimedTransport:
         self._transport.writelines(chunks)
         self._proto.after_write(self._transport.get_write_buffer_size())
 
+    # aiohttp calls these on every read or release: direct methods, not __getattr__ lookups
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def pause_reading(self) -> None:
+        self._transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        self._transport.resume_reading()
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self._transport.get_extra_info(name, default)
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
 

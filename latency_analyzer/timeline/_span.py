@@ -13,6 +13,8 @@ __all__ = ["AttrValue", "Span", "exclusive_ns"]
 
 AttrValue = str | int | float | bool | None
 
+_NO_ATTRIBUTES: Mapping[str, AttrValue] = MappingProxyType({})
+
 
 @dataclass(frozen=True, slots=True)
 class Span:
@@ -40,10 +42,14 @@ class Span:
                 f"span {self.name!r} ends before it starts ({self.start_ns} > {self.end_ns})"
             )
         if not isinstance(self.attributes, MappingProxyType):
-            object.__setattr__(self, "attributes", MappingProxyType(dict(self.attributes)))
-        ordered = tuple(sorted(self.children, key=lambda s: (s.start_ns, s.end_ns)))
-        if ordered != self.children:
+            attrs = MappingProxyType(dict(self.attributes)) if self.attributes else _NO_ATTRIBUTES
+            object.__setattr__(self, "attributes", attrs)
+        kids = self.children
+        if any(kids[i].start_ns > kids[i + 1].start_ns for i in range(len(kids) - 1)):
+            ordered = tuple(sorted(kids, key=lambda s: (s.start_ns, s.end_ns)))
             object.__setattr__(self, "children", ordered)
+        elif not isinstance(kids, tuple):
+            object.__setattr__(self, "children", tuple(kids))
 
     @property
     def duration_ns(self) -> int:

@@ -19,8 +19,10 @@ def distribute_tokens(total: int, weights: Sequence[int]) -> list[int] | None:
     if n == 0 or total < n:
         return None
     clean = [max(w, 0) for w in weights]
-    weight_sum = sum(clean) or n
-    shares = [total * (w if sum(clean) else 1) / weight_sum for w in clean]
+    if not any(clean):
+        clean = [1] * n
+    weight_sum = sum(clean)
+    shares = [total * w / weight_sum for w in clean]
     counts = [max(1, int(s)) for s in shares]
     by_remainder = sorted(range(n), key=lambda i: (counts[i] - shares[i], i))
     diff = total - sum(counts)
