@@ -272,7 +272,7 @@ def _apply(
 ) -> None:
     rec = state.recorder
     for ev in events:
-        if isinstance(ev, ChunkReceived):
+        if type(ev) is ChunkReceived:  # nearly every event: checked first, exactly
             if ev.carries_token:
                 weight = len(ev.content) + len(ev.reasoning)
                 is_reasoning = bool(ev.reasoning) and not ev.content

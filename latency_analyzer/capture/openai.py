@@ -270,6 +270,8 @@ def _append_chunk(obj: dict[str, Any], time_ns: int, events: list[Event]) -> Non
 
 def _read_choices(choices: list[Any]) -> tuple[str, str, str | None]:
     """Content, reasoning and first finish reason over all choices (stream or whole body)."""
+    if len(choices) == 1:  # the usual case, taken once per streamed token: no lists, no joins
+        return _read_choice(choices[0])
     content: list[str] = []
     reasoning: list[str] = []
     finish: str | None = None
@@ -290,6 +292,21 @@ def _read_choices(choices: list[Any]) -> tuple[str, str, str | None]:
         if finish is None and isinstance(reason, str):
             finish = reason
     return "".join(content), "".join(reasoning), finish
+
+
+def _read_choice(choice: Any) -> tuple[str, str, str | None]:
+    if not isinstance(choice, dict):
+        return "", "", None
+    message = choice.get("delta")
+    if not isinstance(message, dict):
+        message = choice.get("message")
+    content = reasoning = ""
+    if isinstance(message, dict):
+        content = _str(message.get("content"))
+        reasoning = _str(message.get("reasoning_content")) or _str(message.get("reasoning"))
+    content += _str(choice.get("text"))
+    reason = choice.get("finish_reason")
+    return content, reasoning, reason if isinstance(reason, str) else None
 
 
 def _str(value: Any) -> str:
