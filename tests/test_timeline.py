@@ -195,3 +195,24 @@ def test_anchor_picks_the_tightest_bracket() -> None:
     anchor = take_anchor(reads=3, perf=perf, wall=wall)
     assert (anchor.perf_ns, anchor.epoch_ns, anchor.uncertainty_ns) == (1_002, 8_000, 2)
     assert anchor.to_epoch_ns(2_002) == 9_000 and anchor.to_perf_ns(9_000) == 2_002
+
+
+def test_json_round_trip_is_exact() -> None:
+    import json
+
+    from latency_analyzer import Waterfall
+
+    rec = Recorder("POST", "http://x/v1/chat/completions", start_ns=10)
+    rec.add("dns", 11, 20, addresses="127.0.0.1")
+    rec.add("send", 21, 22)
+    rec.response_headers(30, 200)
+    rec.chunk(40, 5, reasoning=True)
+    rec.chunk(50, 5)
+    rec.usage(3, 4)
+    rec.fail("truncated", "stream ended without [DONE]", 55, terminal=False)
+    wf = rec.finish(60)
+    again = Waterfall.from_dict(json.loads(json.dumps(wf.to_dict())))
+    assert again == wf
+    assert again.attribution_ns() == wf.attribution_ns() and again.itl == wf.itl
+    with pytest.raises(UsageError):
+        Waterfall.from_dict({**wf.to_dict(), "schema": 99})

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 from ..errors import RequestError
 from ._clock import ClockAnchor
@@ -181,6 +182,19 @@ class Waterfall:
         return tuple((t[i] - t[i - 1]) / 1e9 for i in range(1, len(t)))
 
     # -- conveniences --
+    def to_dict(self) -> dict[str, Any]:
+        """The canonical JSON-ready form (versioned); ``Waterfall.from_dict`` reads it back."""
+        from ._serial import waterfall_to_dict
+
+        return waterfall_to_dict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Waterfall:
+        """Rebuild a waterfall from ``to_dict`` output (exact: nanoseconds are integers)."""
+        from ._serial import waterfall_from_dict
+
+        return waterfall_from_dict(data)
+
     def raise_for_error(self) -> Waterfall:
         """Raise ``RequestError`` if the request failed; return self otherwise."""
         if self.error is not None:

@@ -1,0 +1,102 @@
+"""The canonical JSON form of a Waterfall (one object per JSONL line), and back.
+
+Versioned with ``schema``; integers stay integers (nanoseconds), so a round trip is exact.
+Request headers are never part of a waterfall, so they cannot leak through this form.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..errors import UsageError
+from ._clock import ClockAnchor
+from ._span import Span
+from ._waterfall import ConnectionInfo, TlsInfo, Waterfall
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "span_from_dict",
+    "span_to_dict",
+    "waterfall_from_dict",
+    "waterfall_to_dict",
+]
+
+SCHEMA_VERSION = 1
+
+
+def span_to_dict(span: Span) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": span.name, "start_ns": span.start_ns, "end_ns": span.end_ns}
+    if span.source != "client":
+        out["source"] = span.source
+    if span.attributes:
+        out["attributes"] = dict(span.attributes)
+    if span.children:
+        out["children"] = [span_to_dict(c) for c in span.children]
+    return out
+
+
+def span_from_dict(data: Mapping[str, Any]) -> Span:
+    return Span(
+        name=data["name"],
+        start_ns=int(data["start_ns"]),
+        end_ns=int(data["end_ns"]),
+        source=data.get("source", "client"),
+        attributes=data.get("attributes", {}),
+        children=tuple(span_from_dict(c) for c in data.get("children", ())),
+    )
+
+
+_SCALARS = (
+    "method",
+    "url",
+    "status",
+    "http_version",
+    "error",
+    "error_type",
+    "first_reasoning_ns",
+    "first_answer_ns",
+    "output_tokens",
+    "output_tokens_source",
+    "input_tokens",
+)
+
+
+def waterfall_to_dict(wf: Waterfall) -> dict[str, Any]:
+    """A JSON-ready dict holding everything in ``wf``."""
+    out: dict[str, Any] = {"schema": SCHEMA_VERSION, "root": span_to_dict(wf.root)}
+    out.update({name: getattr(wf, name) for name in _SCALARS})
+    out["chunk_times_ns"] = list(wf.chunk_times_ns)
+    out["chunk_tokens"] = list(wf.chunk_tokens)
+    out["tls"] = None if wf.tls is None else _fields(wf.tls)
+    out["connection"] = _fields(wf.connection)
+    out["anchor"] = None if wf.anchor is None else _fields(wf.anchor)
+    out["attributes"] = dict(wf.attributes)
+    return out
+
+
+def waterfall_from_dict(data: Mapping[str, Any]) -> Waterfall:
+    """Rebuild a Waterfall from ``waterfall_to_dict`` output.
+
+    Raises:
+        UsageError: the schema version is not one this library reads.
+    """
+    if data.get("schema") != SCHEMA_VERSION:
+        raise UsageError(
+            f"unknown waterfall schema {data.get('schema')!r} (this library reads {SCHEMA_VERSION})"
+        )
+    scalars: dict[str, Any] = {name: data.get(name) for name in _SCALARS}
+    return Waterfall(
+        root=span_from_dict(data["root"]),
+        chunk_times_ns=tuple(data.get("chunk_times_ns", ())),
+        chunk_tokens=tuple(data.get("chunk_tokens", ())),
+        tls=TlsInfo(**data["tls"]) if data.get("tls") else None,
+        connection=ConnectionInfo(**data.get("connection", {})),
+        anchor=ClockAnchor(**data["anchor"]) if data.get("anchor") else None,
+        attributes=data.get("attributes", {}),
+        **scalars,
+    )
+
+
+def _fields(obj: Any) -> dict[str, Any]:
+    return {name: getattr(obj, name) for name in obj.__dataclass_fields__}
