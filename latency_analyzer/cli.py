@@ -22,7 +22,8 @@ __all__ = ["main"]
 def _header(text: str) -> tuple[str, str]:
     name, sep, value = text.partition(":")
     if not sep or not name.strip():
-        raise argparse.ArgumentTypeError(f"header must look like 'Name: value', got {text!r}")
+        # the value is not echoed: a mistyped header may hold a secret
+        raise argparse.ArgumentTypeError("a header must look like 'Name: value'")
     return name.strip(), value.strip()
 
 

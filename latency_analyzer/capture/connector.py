@@ -10,7 +10,8 @@ Where each instant comes from:
   factory once the socket is connected and before any TLS byte, so this splits TCP from TLS.
 * ``tls``: factory call → ``connection_made``, which asyncio calls after the handshake.
 * ``send``: first ``transport.write`` of the request → the moment its last byte left our
-  buffer (write buffer limits are 0, so ``resume_writing`` tells when a backlog drained).
+  buffer (write buffer limits high=1/low=0, so ``resume_writing`` tells when a backlog
+  drained).
 * response headers and body bytes: stamped in ``data_received`` before aiohttp parses them;
   body bytes are stamped by offset, so a reader that falls behind still gets arrival times.
 """
@@ -82,6 +83,7 @@ class TimedProtocol(ResponseHandler):
         self.requests_served = 0
         self.made_ns: int | None = None
         self.state: RequestState | None = None
+        self.tls: TlsInfo | None = None  # what the handshake settled, for every request it carries
         self.last_write_ns = 0
         self.backlog = False
         self._marks: list[tuple[int, int]] = []  # (body bytes received so far, arrival ns)
@@ -208,6 +210,8 @@ class TimedConnector(TCPConnector):
             peer=_peer(proto),
             requests_before=proto.requests_served,
         )
+        if proto.tls is not None:
+            state.recorder.tls = proto.tls  # reused connections report the TLS they travel on
         proto.attach(state)
         state.protocol = proto
         return conn
@@ -254,7 +258,7 @@ class TimedConnector(TCPConnector):
         if tls and state.recorder.is_open("tls"):
             made = cast(TimedProtocol, proto).made_ns or now_ns()
             info = _tls_info(transport, kwargs.get("server_hostname"))
-            state.recorder.tls = info
+            cast(TimedProtocol, proto).tls = info
             state.end(
                 "tls", made, version=info.version, alpn=info.alpn, resumed=info.session_reused
             )

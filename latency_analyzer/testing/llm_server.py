@@ -157,8 +157,8 @@ class RequestRecord:
         peer: client (host, port); equal ports mean the same TCP connection.
         behavior: the effective knobs after per-request overrides.
         received_ns: request body fully read (``t0``).
-        headers_ns: response headers written to the socket (None if never).
-        chunk_ns: each token chunk written (valid token chunks only).
+        headers_ns: just before the response headers were written (None if never).
+        chunk_ns: just before each token chunk was written (valid token chunks only).
         chunk_tokens: tokens carried by each of those chunks.
         end_ns: response finished, connection aborted, or handler stopped.
         prompt_tokens: whitespace-separated words in the prompt (at least 1).
@@ -612,8 +612,9 @@ async def _send_json(
     resp = web.json_response(body, status=status)
     if not keepalive:
         resp.force_close()
+    sent_ns = time.perf_counter_ns()  # before the write: no byte can arrive earlier
     await resp.prepare(request)  # a Response buffers its headers until write_eof
-    recorder.status, recorder.headers_ns = status, time.perf_counter_ns()
+    recorder.status, recorder.headers_ns = status, sent_ns
     if tokens:
         recorder.chunk_ns.append(recorder.headers_ns)
         recorder.chunk_tokens.append(tokens)
@@ -656,8 +657,9 @@ async def _send_cut(ex: _Exchange, data: bytes, close: bool) -> web.StreamRespon
     half = data[: len(data) // 2]
     resp = web.StreamResponse(headers={"Content-Type": "application/json"})
     resp.content_length = len(data) if close else len(half)
+    sent_ns = time.perf_counter_ns()
     await resp.prepare(ex.request)
-    ex.recorder.status, ex.recorder.headers_ns = 200, time.perf_counter_ns()
+    ex.recorder.status, ex.recorder.headers_ns = 200, sent_ns
     await resp.write(half)
     ex.recorder.publish()
     if close:
@@ -673,8 +675,9 @@ async def _stream(ex: _Exchange) -> web.StreamResponse:
     if not ex.behavior.keepalive:
         resp.force_close()
     await sleep_until(ex.headers_due)
+    sent_ns = time.perf_counter_ns()  # before the write: no byte can arrive earlier
     await resp.prepare(ex.request)
-    ex.recorder.status, ex.recorder.headers_ns = 200, time.perf_counter_ns()
+    ex.recorder.status, ex.recorder.headers_ns = 200, sent_ns
     if ex.behavior.role_chunk and ex.chat:
         await resp.write(_sse(_role_chunk(ex)))
     if await _stream_tokens(ex, resp):
@@ -693,8 +696,8 @@ async def _stream_tokens(ex: _Exchange, resp: web.StreamResponse) -> bool:
             if await _stream_fault(ex, resp):
                 return False
         elif slot < len(bounds):
+            ex.recorder.chunk_ns.append(time.perf_counter_ns())  # stamped before the write
             await resp.write(data)
-            ex.recorder.chunk_ns.append(time.perf_counter_ns())
             ex.recorder.chunk_tokens.append(stop - start)
     return True
 

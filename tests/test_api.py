@@ -1,0 +1,306 @@
+"""The public surface and the layering: pinned names, imports read from the source, frozen model.
+
+Layering is checked with ``ast`` over the source files (relative imports resolved), never by
+importing, so an import hidden in a function or under ``TYPE_CHECKING`` counts too.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib
+import importlib.metadata
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import latency_analyzer as la
+import latency_analyzer.testing as testbed
+from latency_analyzer import CLIENT_STAGES, RESIDUALS, Recorder, Span, Waterfall
+
+PACKAGE = "latency_analyzer"
+ROOT = Path(la.__file__).resolve().parent
+
+PUBLIC = [
+    "CLIENT_STAGES",
+    "RESIDUALS",
+    "SERVER_STAGES",
+    "Client",
+    "ClockAnchor",
+    "ConnectionInfo",
+    "LatencyAnalyzerError",
+    "Recorder",
+    "RequestError",
+    "Span",
+    "TlsInfo",
+    "UsageError",
+    "Waterfall",
+    "__version__",
+    "aprobe",
+    "probe",
+]
+
+TESTING_PUBLIC = [
+    "FAULTS",
+    "SERVER_NAMES",
+    "Behavior",
+    "DNSQuery",
+    "DNSServer",
+    "DelayProxy",
+    "LLMServer",
+    "RequestRecord",
+    "SubprocessLLMServer",
+    "TestCA",
+    "sleep_until",
+    "token_text",
+]
+
+IO_LIBRARIES = {"aiohttp", "dns", "ssl", "socket", "asyncio"}
+
+
+# --- (a) the public API ---------------------------------------------------------------------
+
+
+def test_public_names_are_pinned() -> None:
+    assert la.__all__ == PUBLIC  # in ruff's RUF022 order: constants, classes, functions
+
+
+def test_testing_names_are_pinned() -> None:
+    assert testbed.__all__ == TESTING_PUBLIC
+
+
+@pytest.mark.parametrize(("module", "names"), [(la, PUBLIC), (testbed, TESTING_PUBLIC)])
+def test_every_public_name_is_importable(module: object, names: list[str]) -> None:
+    for name in names:
+        assert getattr(module, name) is not None, name
+    namespace: dict[str, object] = {}
+    exec(f"from {module.__name__} import *", namespace)  # type: ignore[attr-defined]
+    assert set(names) - {"__version__"} <= namespace.keys()
+
+
+def test_version_matches_the_distribution() -> None:
+    assert la.__version__ == importlib.metadata.version("latency-analyzer")
+
+
+def test_exceptions_form_one_tree() -> None:
+    assert issubclass(la.UsageError, la.LatencyAnalyzerError)
+    assert issubclass(la.UsageError, ValueError)
+    assert issubclass(la.RequestError, la.LatencyAnalyzerError)
+    assert not issubclass(la.RequestError, la.UsageError)
+    err = la.RequestError("tls", "certificate verify failed")
+    assert (err.kind, err.message) == ("tls", "certificate verify failed")
+    assert str(err) == "tls: certificate verify failed"
+
+
+# --- (b) layering, read from the source ------------------------------------------------------
+
+
+def _module_name(path: Path) -> str:
+    parts = [PACKAGE, *path.relative_to(ROOT).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_package(path: Path) -> bool:
+    return path.name == "__init__.py"
+
+
+def _known_modules() -> set[str]:
+    return {_module_name(p) for p in ROOT.rglob("*.py")}
+
+
+def _imports(path: Path) -> Iterator[str]:
+    """Every module ``path`` imports, absolute, at any depth of the file (functions included).
+
+    ``from X import name`` yields ``X.name`` when that is a module of this package (a submodule
+    import), else ``X``.
+    """
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    me = _module_name(path)
+    package = me if _is_package(path) else me.rpartition(".")[0]
+    known = _known_modules()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base_parts = package.split(".")
+                base_parts = base_parts[: len(base_parts) - (node.level - 1)]
+                base = ".".join([*base_parts, *([node.module] if node.module else [])])
+            else:
+                base = node.module or ""
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                yield sub if sub in known else base
+
+
+def _files(subpackage: str) -> list[Path]:
+    target = ROOT / subpackage
+    files = sorted(target.rglob("*.py")) if target.is_dir() else [target.with_suffix(".py")]
+    assert files and all(f.exists() for f in files), subpackage
+    return files
+
+
+def _internal(name: str) -> bool:
+    return name == PACKAGE or name.startswith(PACKAGE + ".")
+
+
+def _under(name: str, *prefixes: str) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def _violations(subpackage: str, allowed: tuple[str, ...], banned: set[str]) -> list[str]:
+    """Imports from ``subpackage`` into the package outside ``allowed``, or of ``banned`` libs."""
+    out = []
+    for path in _files(subpackage):
+        for name in _imports(path):
+            top = name.split(".")[0]
+            if (_internal(name) and not _under(name, *allowed)) or top in banned:
+                out.append(f"{path.relative_to(ROOT)} imports {name}")
+    return out
+
+
+def test_the_import_reader_resolves_relative_and_absolute_imports() -> None:
+    """Not vacuous: known imports are found, relative ones resolved to absolute names."""
+    assert "latency_analyzer.errors" in set(_imports(ROOT / "timeline" / "_recorder.py"))
+    assert "latency_analyzer.timeline._clock" in set(_imports(ROOT / "timeline" / "_recorder.py"))
+    assert "latency_analyzer.timeline._recorder" in set(_imports(ROOT / "timeline/__init__.py"))
+    cli = set(_imports(ROOT / "cli.py"))
+    assert {"latency_analyzer", "latency_analyzer.capture.client", "argparse", "ssl"} <= cli
+    assert "latency_analyzer.demo" in cli  # the lazy import inside main()
+    assert "latency_analyzer.capture.sse" in set(_imports(ROOT / "capture" / "openai.py"))
+    assert "aiohttp" in set(_imports(ROOT / "capture" / "client.py"))
+    # and the checker flags what it should: capture uses aiohttp and more than the timeline
+    flagged = _violations("capture", ("latency_analyzer.timeline",), {"aiohttp"})
+    assert any(v.endswith("imports aiohttp") for v in flagged)
+    assert any(v.endswith("imports latency_analyzer.errors") for v in flagged)
+
+
+def test_timeline_and_errors_are_pure() -> None:
+    """The model imports only itself and the exceptions, and no I/O library."""
+    allowed = ("latency_analyzer.timeline", "latency_analyzer.errors")
+    found = _violations("timeline", allowed, IO_LIBRARIES)
+    found += _violations("errors", allowed, IO_LIBRARIES)
+    assert found == []
+
+
+def _imports_of(subpackage: str, *targets: str) -> list[str]:
+    """Imports from ``subpackage`` of anything under ``targets``."""
+    return [
+        f"{p.relative_to(ROOT)} imports {name}"
+        for p in _files(subpackage)
+        for name in _imports(p)
+        if _under(name, *targets)
+    ]
+
+
+def test_capture_does_not_import_upward() -> None:
+    upward = ("latency_analyzer.report", "latency_analyzer.cli", "latency_analyzer.demo")
+    assert _imports_of("capture", *upward) == []
+    # nor the package root, which re-exports capture itself (a cycle in disguise)
+    assert not any(name == PACKAGE for p in _files("capture") for name in _imports(p))
+
+
+def test_testing_is_standalone() -> None:
+    assert _violations("testing", ("latency_analyzer.testing",), set()) == []
+
+
+def test_report_does_not_import_capture() -> None:
+    assert _imports_of("report", "latency_analyzer.capture") == []
+
+
+# --- (c) the model is frozen; attribution speaks the stage vocabulary ------------------------
+
+
+def _recorded(intended: bool = False) -> Waterfall:
+    rec = Recorder(
+        "POST", "http://h.test/v1", start_ns=1_000, intended_start_ns=500 if intended else None
+    )
+    rec.add("pool_wait", 1_000, 1_100)
+    rec.add("connect", 1_100, 1_400)
+    rec.add("send", 1_450, 1_500)
+    rec.response_headers(2_000, 200)
+    rec.chunk(3_000, 4)
+    rec.chunk(3_500, 4)
+    rec.usage(3, 2)
+    return rec.finish(3_600)
+
+
+def test_waterfall_is_frozen() -> None:
+    wf = _recorded()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        wf.error = "changed"  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        wf.root = wf.root  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        wf.attributes["x"] = 1  # type: ignore[index]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        wf.root.end_ns = 0  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        wf.root.attributes["x"] = 1  # type: ignore[index]
+    assert isinstance(wf.root.children, tuple)
+    assert isinstance(wf.chunk_times_ns, tuple)
+    assert dataclasses.is_dataclass(wf)
+    assert all(type(s).__dataclass_params__.frozen for s in (wf, wf.root))  # type: ignore[attr-defined]
+
+
+def test_span_is_frozen_and_checks_its_interval() -> None:
+    span = Span("dns", 10, 20)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        span.name = "tls"  # type: ignore[misc]
+    with pytest.raises(la.UsageError):
+        Span("dns", 20, 10)
+
+
+VOCABULARY = set(CLIENT_STAGES) | set(RESIDUALS)
+
+
+@pytest.mark.parametrize("intended", [False, True])
+def test_attribution_keys_come_from_the_vocabulary(intended: bool) -> None:
+    wf = _recorded(intended)
+    attribution = wf.attribution_ns()
+    assert set(attribution) <= VOCABULARY
+    assert sum(attribution.values()) == wf.e2e_ns
+    expected = {"pool_wait", "connect", "send", "wait", "first_token", "decode", "tail", "other"}
+    assert set(attribution) == expected | ({"schedule_lag"} if intended else set())
+    assert list(attribution)[-1] == "other"
+
+
+def test_attribution_of_real_requests_uses_the_vocabulary() -> None:
+    from latency_analyzer.testing import LLMServer
+
+    body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    with LLMServer(tokens=3).run_in_thread() as server:
+        ok = la.probe(server.url + "/v1/chat/completions", json=body)
+        failed = la.probe(
+            server.url + "/v1/chat/completions",
+            json={**body, "testbed": {"fault": "reset", "fault_after": 1}},
+        )
+    assert ok.ok and not failed.ok
+    for wf in (ok, failed):
+        assert set(wf.attribution()) <= VOCABULARY, wf.attribution()
+        assert {s.name for s in wf.root.children} <= set(CLIENT_STAGES)
+        assert sum(wf.attribution_ns().values()) == wf.e2e_ns
+
+
+def test_the_vocabulary_is_the_designs() -> None:
+    assert CLIENT_STAGES == (
+        "schedule_lag",
+        "pool_wait",
+        "dns",
+        "connect",
+        "tls",
+        "h2_setup",
+        "send",
+        "wait",
+        "first_token",
+        "decode",
+        "tail",
+    )
+    assert RESIDUALS == ("network", "other")
+    assert la.SERVER_STAGES == ("server_queue", "preprocess", "prefill", "decode", "postprocess")
+
+
+def test_public_modules_import_cleanly() -> None:
+    for name in ("latency_analyzer.cli", "latency_analyzer.demo", "latency_analyzer.report.text"):
+        assert importlib.import_module(name) is not None
