@@ -527,3 +527,21 @@ async def test_delay_proxy_carries_an_llm_stream_and_resets() -> None:
         assert len(_content(events).split()) == 3
         with pytest.raises(ConnectionResetError):
             await _raw_exchange(proxy.port, _fault("reset", fault_after=1))
+
+
+async def test_slots_queue_requests_beyond_the_limit() -> None:
+    """slots=1 with a 30 ms service: three concurrent requests are served one after another."""
+    server = LLMServer(slots=1, header_delay=0.03, tokens=1)
+    async with server, aiohttp.ClientSession() as session:
+
+        async def one() -> None:
+            body = {"model": "m", "stream": False, "messages": []}
+            async with session.post(f"{server.url}/v1/chat/completions", json=body) as r:
+                await r.read()
+
+        await asyncio.gather(one(), one(), one())
+    waits = sorted(r.slot_wait_ns / 1e9 for r in server.records)
+    assert waits[0] < 0.002
+    assert waits[1] == pytest.approx(0.03, abs=0.004)
+    assert waits[2] == pytest.approx(0.06, abs=0.006)
+    assert server.waiting == 0 and server.running == 0

@@ -162,6 +162,8 @@ class RequestRecord:
         chunk_tokens: tokens carried by each of those chunks.
         end_ns: response finished, connection aborted, or handler stopped.
         prompt_tokens: whitespace-separated words in the prompt (at least 1).
+        slot_wait_ns: time spent waiting for a free slot (``LLMServer(slots=N)``) before
+            ``received_ns``, which then marks the start of service.
     """
 
     path: str
@@ -175,6 +177,7 @@ class RequestRecord:
     chunk_tokens: tuple[int, ...]
     end_ns: int
     prompt_tokens: int
+    slot_wait_ns: int = 0
 
     @property
     def first_token_ns(self) -> int | None:
@@ -217,6 +220,7 @@ class _Recorder:
     chunk_tokens: list[int] = field(default_factory=list)
     sink: list[RequestRecord] = field(default_factory=list)
     published: bool = False
+    slot_wait_ns: int = 0
 
     def publish(self) -> None:
         """Freeze the record (``end_ns`` = now) into ``sink``, once.
@@ -241,6 +245,7 @@ class _Recorder:
             chunk_tokens=tuple(self.chunk_tokens),
             end_ns=time.perf_counter_ns(),
             prompt_tokens=self.prompt_tokens,
+            slot_wait_ns=self.slot_wait_ns,
         )
 
 
@@ -441,6 +446,9 @@ class LLMServer(Service):
         ssl: server-side context for HTTPS (see :class:`~latency_analyzer.testing.TestCA`).
         host: loopback address to bind ("127.0.0.1" or "::1").
         port: port to bind; leave 0 to let the OS pick.
+        slots: requests served at once (0: no limit). Requests beyond it wait for a slot, in
+            arrival order, before their own timeline (header_delay, queue, ...) starts: a
+            server with one worker and a deterministic service time is an M/D/1 queue.
         header_delay, queue, prefill, decode, tokens, tokens_per_chunk, usage, role_chunk,
             reasoning_tokens, keepalive, fault, fault_after, fault_status, model: the
             default :class:`Behavior` (see there for what each knob means).
@@ -449,6 +457,8 @@ class LLMServer(Service):
         records: one :class:`RequestRecord` per completion request, in completion order.
         connections: TCP connections accepted.
         requests: completion requests received.
+        waiting: requests waiting for a slot right now.
+        running: requests being served right now.
     """
 
     def __init__(
@@ -471,10 +481,16 @@ class LLMServer(Service):
         ssl: ssl_module.SSLContext | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
+        slots: int = 0,
     ) -> None:
         knobs = dict(locals())
-        for name in ("self", "ssl", "host", "port"):
+        for name in ("self", "ssl", "host", "port", "slots"):
             del knobs[name]
+        if slots < 0:
+            raise ValueError("slots must be >= 0 (0: no limit)")
+        self.slots = slots
+        self.waiting = 0  # requests queued for a slot right now (a server-side queue gauge)
+        self.running = 0  # requests being served right now
         self.behavior = Behavior().override(knobs)
         self.ssl = ssl
         self._host = check_loopback(host)
@@ -485,6 +501,7 @@ class LLMServer(Service):
         self._runner: web.AppRunner | None = None
         self._server: asyncio.Server | None = None
         self._stopping = asyncio.Event()
+        self._slot_free: asyncio.Semaphore | None = None
 
     @property
     def host(self) -> str:
@@ -510,6 +527,7 @@ class LLMServer(Service):
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
+        self._slot_free = asyncio.Semaphore(self.slots) if self.slots else None
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=_SHUTDOWN_TIMEOUT_S)
         await self._runner.setup()
         self._stopping = asyncio.Event()
@@ -539,6 +557,7 @@ class LLMServer(Service):
         if self.ssl is not None and tls_pem is None:
             raise ValueError("run_in_subprocess needs tls_pem= to serve HTTPS")
         config: dict[str, Any] = {"knobs": dataclasses.asdict(self.behavior), "host": self._host}
+        config["slots"] = self.slots
         config["tls_pem"] = tls_pem
         return SubprocessLLMServer(config)
 
@@ -567,11 +586,32 @@ class LLMServer(Service):
         recorder.sink = self.records
         self.requests += 1
         try:
-            return await self._dispatch(request, raw, chat, recorder)
+            if self._slot_free is None:
+                return await self._running(request, raw, chat, recorder)
+            self.waiting += 1
+            try:
+                await self._slot_free.acquire()
+            finally:
+                self.waiting -= 1
+            try:
+                start = time.perf_counter_ns()  # service starts: the request's timeline t0
+                recorder.slot_wait_ns, recorder.received_ns = start - recorder.received_ns, start
+                return await self._running(request, raw, chat, recorder)
+            finally:
+                self._slot_free.release()
         except ConnectionError:  # the client went away mid-response
             return web.Response()
         finally:
             recorder.publish()
+
+    async def _running(
+        self, request: web.Request, raw: bytes, chat: bool, recorder: _Recorder
+    ) -> web.StreamResponse:
+        self.running += 1
+        try:
+            return await self._dispatch(request, raw, chat, recorder)
+        finally:
+            self.running -= 1
 
     async def _dispatch(
         self, request: web.Request, raw: bytes, chat: bool, recorder: _Recorder
@@ -854,7 +894,10 @@ def serve_in_child(config_json: str) -> None:
 async def _child_main(config: Mapping[str, Any]) -> None:
     tls_pem = config.get("tls_pem")
     context = server_context_from_pem(tls_pem) if tls_pem else None
-    async with LLMServer(ssl=context, host=config["host"], **config["knobs"]) as server:
+    slots = int(config.get("slots", 0))
+    async with LLMServer(
+        ssl=context, host=config["host"], slots=slots, **config["knobs"]
+    ) as server:
         print(json.dumps({"port": server.port, "pid": os.getpid()}), flush=True)
         loop = asyncio.get_running_loop()
         while command := (await loop.run_in_executor(None, sys.stdin.readline)).strip():
