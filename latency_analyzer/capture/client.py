@@ -19,26 +19,15 @@ import aiohttp
 
 from ..errors import UsageError
 from ..timeline import Recorder, Waterfall
+from ._consume import ResponseConsumer
 from ._errors import classify
 from ._state import CURRENT, RequestState, TraceHook, now_ns
 from .connector import TimedConnector, TimedProtocol
-from .openai import (
-    ChunkReceived,
-    ErrorReceived,
-    Event,
-    MalformedChunk,
-    OpenAIStreamParser,
-    StreamTruncated,
-    UsageReceived,
-    error_message_from_body,
-    parse_openai_body,
-)
 from .resolver import DnsResolver
 
 __all__ = ["Client", "aprobe", "probe", "redact_url"]
 
 _SECRET_QUERY_KEYS = {"key", "api_key", "api-key", "apikey", "token", "access_token", "sig"}
-_ERROR_BODY_CAP = 64 * 1024
 _STREAM_BODY_OVER = 512 * 1024
 
 
@@ -208,20 +197,17 @@ class Client:
             rec.status = resp.status
             rec.http_version = _http_version(resp.version)
             proto: TimedProtocol = state.protocol
-            if resp.status >= 400:
-                body = await resp.content.read(_ERROR_BODY_CAP)
-                reason = error_message_from_body(body) or resp.reason or ""
-                rec.fail("http_status", f"HTTP {resp.status}: {reason}", now_ns(), terminal=False)
-            elif resp.content_type == "text/event-stream":
-                await _read_stream(resp, proto, state)
-            elif resp.content_type == "application/json":
-                body = await resp.read()
-                if b'"choices"' in body:  # an OpenAI-style completion, not any JSON document
-                    events = parse_openai_body(body, state.body_end_ns or now_ns())
-                    _apply(events, state, _Tokens(), per_chunk_usage=False)
-            else:
-                async for _ in resp.content.iter_any():
-                    pass
+            consumer = ResponseConsumer(state, resp.status, resp.content_type, resp.reason or "")
+            offset = 0
+            async for data in resp.content.iter_any():
+                if consumer.wants_arrival_times:
+                    for piece, t in proto.arrivals(offset, data):
+                        consumer.feed(piece, t)
+                    offset += len(data)
+                    proto.forget_marks_before(offset)
+                else:
+                    consumer.feed(data, 0)
+            consumer.close(state.body_end_ns or now_ns())
 
 
 def _json_body(
@@ -233,71 +219,6 @@ def _json_body(
     if not any(k.lower() == "content-type" for k in merged):
         merged["Content-Type"] = "application/json"
     return (io.BytesIO(raw) if len(raw) > _STREAM_BODY_OVER else raw), merged
-
-
-class _Tokens:
-    """Turns cumulative per-chunk usage (vLLM continuous usage stats) into per-chunk counts."""
-
-    __slots__ = ("seen",)
-
-    def __init__(self) -> None:
-        self.seen = 0
-
-    def delta(self, cumulative: int | None) -> int | None:
-        if cumulative is None or cumulative <= self.seen:
-            return None
-        step, self.seen = cumulative - self.seen, cumulative
-        return step
-
-
-async def _read_stream(
-    resp: aiohttp.ClientResponse, proto: TimedProtocol, state: RequestState
-) -> None:
-    parser = OpenAIStreamParser()
-    tokens = _Tokens()
-    offset = 0
-    async for data in resp.content.iter_any():
-        for piece, t in proto.arrivals(offset, data):
-            _apply(parser.feed(piece, t), state, tokens)
-        offset += len(data)
-        proto.forget_marks_before(offset)
-    closing = parser.close(state.body_end_ns or now_ns())
-    if parser.chunks == 0:  # not an OpenAI stream: a missing [DONE] says nothing
-        closing = [e for e in closing if not isinstance(e, StreamTruncated)]
-    _apply(closing, state, tokens)
-
-
-def _apply(
-    events: list[Event], state: RequestState, tokens: _Tokens, per_chunk_usage: bool = True
-) -> None:
-    rec = state.recorder
-    for ev in events:
-        if type(ev) is ChunkReceived:  # nearly every event: checked first, exactly
-            if ev.carries_token:
-                weight = len(ev.content) + len(ev.reasoning)
-                is_reasoning = bool(ev.reasoning) and not ev.content
-                known = tokens.delta(ev.completion_tokens) if per_chunk_usage else None
-                rec.chunk(ev.time_ns, weight, known, is_reasoning)
-        elif isinstance(ev, UsageReceived):
-            rec.usage(ev.prompt_tokens, ev.completion_tokens)
-        elif isinstance(ev, ErrorReceived):
-            state.fail(
-                "stream_error", f"server error in stream: {ev.message}", ev.time_ns, terminal=False
-            )
-        elif isinstance(ev, MalformedChunk):
-            state.fail(
-                "malformed_chunk",
-                f"malformed chunk ({ev.reason}): {ev.raw[:80]!r}",
-                ev.time_ns,
-                terminal=False,
-            )
-        elif isinstance(ev, StreamTruncated):
-            state.fail(
-                "truncated",
-                f"stream ended without [DONE] ({ev.reason})",
-                ev.time_ns,
-                terminal=False,
-            )
 
 
 def _http_version(version: aiohttp.HttpVersion | None) -> str | None:

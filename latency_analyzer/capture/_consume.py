@@ -1,0 +1,120 @@
+"""What a response body means, whatever carried it: bytes and arrival times in, marks out.
+
+HTTP/1.1 (aiohttp) and HTTP/2 (h2) both feed a ``ResponseConsumer``, so streaming semantics
+(which chunk is a token, usage, errors in the stream, truncation) live in one place.
+"""
+
+from __future__ import annotations
+
+from ._state import RequestState
+from .openai import (
+    ChunkReceived,
+    ErrorReceived,
+    Event,
+    MalformedChunk,
+    OpenAIStreamParser,
+    StreamTruncated,
+    UsageReceived,
+    error_message_from_body,
+    parse_openai_body,
+)
+
+__all__ = ["ResponseConsumer"]
+
+_ERROR_BODY_CAP = 64 * 1024  # enough for any error message; the rest is read and dropped
+_JSON_BODY_CAP = 16 * 1024 * 1024
+
+
+class _Tokens:
+    """Turns cumulative per-chunk usage (vLLM continuous usage stats) into per-chunk counts."""
+
+    __slots__ = ("seen",)
+
+    def __init__(self) -> None:
+        self.seen = 0
+
+    def delta(self, cumulative: int | None) -> int | None:
+        if cumulative is None or cumulative <= self.seen:
+            return None
+        step, self.seen = cumulative - self.seen, cumulative
+        return step
+
+
+class ResponseConsumer:
+    """Interprets one response body as it arrives.
+
+    Args:
+        state: the request's capture state (its recorder gets the marks).
+        status: HTTP status; 400 and above keep the body for the error message.
+        content_type: ``text/event-stream`` is parsed as an OpenAI stream, JSON bodies that
+            look like completions as a whole completion; anything else is only timed.
+        reason: the HTTP reason phrase, used when an error body says nothing.
+    """
+
+    __slots__ = ("_body", "_cap", "_kind", "_parser", "_reason", "_state", "_status", "_tokens")
+
+    def __init__(
+        self, state: RequestState, status: int, content_type: str, reason: str = ""
+    ) -> None:
+        self._state = state
+        self._status = status
+        self._reason = reason
+        self._tokens = _Tokens()
+        self._body = bytearray()
+        self._parser: OpenAIStreamParser | None = None
+        if status >= 400:
+            self._kind, self._cap = "error", _ERROR_BODY_CAP
+        elif content_type == "text/event-stream":
+            self._kind, self._cap, self._parser = "sse", 0, OpenAIStreamParser()
+        elif content_type == "application/json":
+            self._kind, self._cap = "json", _JSON_BODY_CAP
+        else:
+            self._kind, self._cap = "other", 0
+
+    @property
+    def wants_arrival_times(self) -> bool:
+        """True when each piece's own arrival time matters (streams), not just the end."""
+        return self._parser is not None
+
+    def feed(self, data: bytes, time_ns: int) -> None:
+        """Body bytes that arrived at ``time_ns``."""
+        if self._parser is not None:
+            self._apply(self._parser.feed(data, time_ns))
+        elif len(self._body) < self._cap:
+            self._body += data[: self._cap - len(self._body)]
+
+    def close(self, time_ns: int) -> None:
+        """The body ended (cleanly) at ``time_ns``."""
+        if self._parser is not None:
+            closing = self._parser.close(time_ns)
+            if self._parser.chunks == 0:  # not an OpenAI stream: a missing [DONE] says nothing
+                closing = [e for e in closing if not isinstance(e, StreamTruncated)]
+            self._apply(closing)
+        elif self._kind == "error":
+            reason = error_message_from_body(bytes(self._body)) or self._reason
+            message = f"HTTP {self._status}: {reason}"
+            self._state.fail("http_status", message, time_ns, terminal=False)
+        elif self._kind == "json" and b'"choices"' in self._body:  # a completion, not any JSON
+            self._apply(parse_openai_body(bytes(self._body), time_ns), per_chunk_usage=False)
+
+    def _apply(self, events: list[Event], per_chunk_usage: bool = True) -> None:
+        state = self._state
+        rec = state.recorder
+        for ev in events:
+            if type(ev) is ChunkReceived:  # nearly every event: checked first, exactly
+                if ev.carries_token:
+                    weight = len(ev.content) + len(ev.reasoning)
+                    is_reasoning = bool(ev.reasoning) and not ev.content
+                    known = self._tokens.delta(ev.completion_tokens) if per_chunk_usage else None
+                    rec.chunk(ev.time_ns, weight, known, is_reasoning)
+            elif isinstance(ev, UsageReceived):
+                rec.usage(ev.prompt_tokens, ev.completion_tokens)
+            elif isinstance(ev, ErrorReceived):
+                message = f"server error in stream: {ev.message}"
+                state.fail("stream_error", message, ev.time_ns, terminal=False)
+            elif isinstance(ev, MalformedChunk):
+                message = f"malformed chunk ({ev.reason}): {ev.raw[:80]!r}"
+                state.fail("malformed_chunk", message, ev.time_ns, terminal=False)
+            elif isinstance(ev, StreamTruncated):
+                message = f"stream ended without [DONE] ({ev.reason})"
+                state.fail("truncated", message, ev.time_ns, terminal=False)
