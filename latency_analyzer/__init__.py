@@ -9,6 +9,7 @@
     wf.ttft, wf.tpot, wf.itl, wf.output_tokens, wf.http_version, wf.error
 """
 
+from ._version import __version__
 from .capture.client import Client, aprobe, probe
 from .errors import LatencyAnalyzerError, RequestError, UsageError
 from .timeline import (
@@ -22,8 +23,6 @@ from .timeline import (
     TlsInfo,
     Waterfall,
 )
-
-__version__ = "0.1.0"
 
 __all__ = [
     "CLIENT_STAGES",

@@ -8,6 +8,7 @@ import ssl
 import aiohttp
 
 from ..timeline import Recorder
+from .http2 import HTTP2Refused
 
 __all__ = ["classify"]
 
@@ -23,6 +24,8 @@ def _open_stage(recorder: Recorder) -> str:
 
 def classify(exc: BaseException, recorder: Recorder, timeout: float | None) -> tuple[str, str]:
     """Name the failure (``Waterfall.error_type``) and describe it for a person."""
+    if isinstance(exc, HTTP2Refused):
+        return "alpn", str(exc)
     if isinstance(exc, aiohttp.ClientConnectorDNSError):
         return "dns", str(exc.os_error)
     if isinstance(exc, (aiohttp.ClientConnectorCertificateError, aiohttp.ClientSSLError)):

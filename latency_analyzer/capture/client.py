@@ -13,16 +13,18 @@ import json as _json
 import ssl as _ssl
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import unquote_plus, urlsplit, urlunsplit
+from urllib.parse import SplitResult, unquote_plus, urlsplit, urlunsplit
 
 import aiohttp
 
+from .._version import __version__
 from ..errors import UsageError
-from ..timeline import Recorder, Waterfall
+from ..timeline import ConnectionInfo, Recorder, Waterfall
 from ._consume import ResponseConsumer
 from ._errors import classify
 from ._state import CURRENT, RequestState, TraceHook, now_ns
 from .connector import TimedConnector, TimedProtocol
+from .http2 import H2Connection, H2Pool, HandoffToHTTP2
 from .resolver import DnsResolver
 
 __all__ = ["Client", "aprobe", "probe", "redact_url"]
@@ -47,12 +49,20 @@ def _redact_param(param: str) -> str:
     return f"{key}=***" if sep and unquote_plus(key).lower() in _SECRET_QUERY_KEYS else param
 
 
-def _ssl_arg(ssl: _ssl.SSLContext | None, insecure: bool) -> _ssl.SSLContext | bool:
-    if ssl is not None and insecure:
+def _tls_context(
+    context: _ssl.SSLContext | None, insecure: bool, http2: bool | None
+) -> _ssl.SSLContext:
+    """The TLS context to dial with, its ALPN list matching the HTTP/2 choice."""
+    if context is not None and insecure:
         raise UsageError("give either ssl= (a context) or insecure=True, not both")
-    if insecure:
-        return False
-    return ssl if ssl is not None else True
+    if context is None:
+        context = _ssl.create_default_context()
+        if insecure:
+            context.check_hostname = False
+            context.verify_mode = _ssl.CERT_NONE
+    alpn = {False: ["http/1.1"], True: ["h2"], None: ["h2", "http/1.1"]}[http2]
+    context.set_alpn_protocols(alpn)
+    return context
 
 
 class Client:
@@ -70,6 +80,10 @@ class Client:
         headers: sent with every request (never recorded in a waterfall or export).
         trace: called as ``trace(event, info)`` for ``capture.<stage>.started/complete/failed``.
         dns_timeout: seconds a DNS lookup may take (at most ``timeout``).
+        http2: False: HTTP/1.1 only. True: HTTP/2 required (ALPN ``h2`` over TLS, prior
+            knowledge ``h2c`` for ``http://``). None (default): for ``https://`` offer
+            ``h2,http/1.1`` and use what the server picks; HTTP/1.1 for ``http://``. The TLS
+            context's ALPN list is set to match (a context you pass in is changed so).
     """
 
     def __init__(
@@ -85,12 +99,15 @@ class Client:
         headers: Mapping[str, str] | None = None,
         trace: TraceHook | None = None,
         dns_timeout: float = 5.0,
+        http2: bool | None = None,
     ) -> None:
         self.base_url = base_url
         self.timeout = timeout
         self.dns_timeout = min(dns_timeout, timeout)
         self._resolver_spec = resolver
-        self._ssl = _ssl_arg(ssl, insecure)
+        self.http2 = http2
+        self._ssl = _tls_context(ssl, insecure, http2)
+        self._h2 = H2Pool()
         self._limit = limit
         self._keepalive = keepalive
         self._headers = dict(headers or {})
@@ -106,6 +123,7 @@ class Client:
 
     async def close(self) -> None:
         """Close every pooled connection."""
+        self._h2.close()
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -160,9 +178,7 @@ class Client:
         state = RequestState(recorder, self._trace)
         token = CURRENT.set(state)
         try:
-            # aiohttp's own total timeout: no extra task per request (wait_for makes one)
-            timer = aiohttp.ClientTimeout(total=limit)
-            await self._exchange(state, method, full, json, data, headers, timer)
+            await self._route(state, method, full, json, data, headers, limit)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # every network failure becomes data on the waterfall
@@ -178,6 +194,91 @@ class Client:
         if recorder.interrupted or state.body_end_ns is None:
             return recorder.finish(now_ns())
         return recorder.finish(state.body_end_ns)
+
+    def _h2_mode(self, scheme: str) -> str | None:
+        if self.http2 is True:
+            return "require"
+        return "prefer" if self.http2 is None and scheme == "https" else None
+
+    async def _route(
+        self,
+        state: RequestState,
+        method: str,
+        url: str,
+        json: Any,
+        data: bytes | str | None,
+        headers: Mapping[str, str] | None,
+        limit: float,
+    ) -> None:
+        """HTTP/2 on a pooled connection when there is one, else dial (and maybe hand over)."""
+        parts = urlsplit(url)
+        state.h2_mode = self._h2_mode(parts.scheme)
+        origin = f"{parts.scheme}://{(parts.hostname or '').lower()}:{parts.port or ''}"
+        deadline = state.recorder.start_ns + int(limit * 1e9)
+        while state.h2_mode is not None and origin not in self._h2.http1_origins:
+            conn = self._h2.get(origin)
+            if conn is not None:
+                await self._h2_exchange(state, conn, method, url, json, data, headers, deadline)
+                return
+            dialling = self._h2.dialling(origin)
+            if dialling is None:
+                break
+            if not state.recorder.is_open("pool_wait"):  # the first stream is being dialled
+                state.begin("pool_wait", now_ns())
+            await asyncio.wait_for(asyncio.shield(dialling), _left(deadline))
+        if state.recorder.is_open("pool_wait"):
+            state.end("pool_wait", now_ns())
+        dialler = state.h2_mode is not None and origin not in self._h2.http1_origins
+        if dialler:
+            self._h2.begin_dial(origin)
+        try:
+            timer = aiohttp.ClientTimeout(total=limit)  # aiohttp's own: no extra task per request
+            await self._exchange(state, method, url, json, data, headers, timer)
+        except HandoffToHTTP2 as handoff:
+            conn = H2Connection(handoff.transport, handoff.tls, handoff.peer)
+            conn.start(state)
+            self._h2.end_dial(origin, conn)
+            dialler = False
+            await self._h2_exchange(state, conn, method, url, json, data, headers, deadline, True)
+        finally:
+            if dialler:  # no HTTP/2 from this dial: HTTP/1.1 chosen, or the dial failed
+                http1 = state.recorder.http_version is not None
+                self._h2.end_dial(origin, None, http1=http1)
+
+    async def _h2_exchange(
+        self,
+        state: RequestState,
+        conn: H2Connection,
+        method: str,
+        url: str,
+        json: Any,
+        data: bytes | str | None,
+        headers: Mapping[str, str] | None,
+        deadline: int,
+        opened_it: bool = False,
+    ) -> None:
+        rec = state.recorder
+        rec.http_version, rec.tls = "2", conn.tls
+        rec.connection = ConnectionInfo(
+            reused=not opened_it,
+            connection_id=conn.connection_id,
+            peer=conn.peer,
+            requests_before=conn.requests_served,
+        )
+        if not opened_it and not rec.is_open("pool_wait"):
+            state.begin("pool_wait", now_ns())
+        body, fields = _h2_request_parts(self._headers, headers, json, data)
+        parts = urlsplit(url)
+        target = (parts.scheme, parts.netloc.rsplit("@", 1)[-1], _path(parts))
+
+        async def run() -> None:
+            await conn.ready()
+            await conn.acquire_slot()
+            if rec.is_open("pool_wait"):
+                state.end("pool_wait", now_ns())
+            await conn.request(state, method, target, fields, body)
+
+        await asyncio.wait_for(run(), _left(deadline))
 
     async def _exchange(
         self,
@@ -208,6 +309,34 @@ class Client:
                 else:
                     consumer.feed(data, 0)
             consumer.close(state.body_end_ns or now_ns())
+
+
+def _left(deadline_ns: int) -> float:
+    return max(0.0, (deadline_ns - now_ns()) / 1e9)
+
+
+def _path(parts: SplitResult) -> str:
+    return (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+
+
+def _h2_request_parts(
+    defaults: Mapping[str, str],
+    headers: Mapping[str, str] | None,
+    json: Any,
+    data: bytes | str | None,
+) -> tuple[bytes, list[tuple[str, str]]]:
+    """Body bytes and header fields of an HTTP/2 request (names lowercased later)."""
+    merged = {"user-agent": f"latency-analyzer/{__version__}", "accept": "*/*"}
+    merged.update({k.lower(): v for k, v in defaults.items()})
+    merged.update({k.lower(): v for k, v in (headers or {}).items()})
+    if json is not None:
+        body = _json.dumps(json).encode()
+        merged.setdefault("content-type", "application/json")
+    else:
+        body = data.encode() if isinstance(data, str) else (data or b"")
+    if body:
+        merged["content-length"] = str(len(body))
+    return body, list(merged.items())
 
 
 def _json_body(

@@ -32,6 +32,7 @@ from aiohttp.tracing import Trace
 
 from ..timeline import ConnectionInfo, TlsInfo
 from ._state import CURRENT, RequestState, now_ns
+from .http2 import HandoffToHTTP2, HTTP2Refused
 
 __all__ = ["TimedConnector", "TimedProtocol"]
 
@@ -255,6 +256,7 @@ class TimedConnector(TCPConnector):
         transport, proto = await super()._wrap_create_connection(
             timed_factory, *rest, req=req, **kwargs
         )
+        info: TlsInfo | None = None
         if tls and state.recorder.is_open("tls"):
             made = cast(TimedProtocol, proto).made_ns or now_ns()
             info = _tls_info(transport, kwargs.get("server_hostname"))
@@ -262,7 +264,27 @@ class TimedConnector(TCPConnector):
             state.end(
                 "tls", made, version=info.version, alpn=info.alpn, resumed=info.session_reused
             )
+        _maybe_hand_over(state, transport, proto, info, tls)
         return transport, proto
+
+
+def _maybe_hand_over(
+    state: RequestState,
+    transport: asyncio.Transport,
+    proto: ResponseHandler,
+    info: TlsInfo | None,
+    tls: bool,
+) -> None:
+    """Leave aiohttp for HTTP/2 when ALPN chose ``h2`` (or ``h2c`` by prior knowledge)."""
+    if state.h2_mode is None:
+        return
+    alpn = info.alpn if info is not None else None
+    if tls and state.h2_mode == "require" and alpn != "h2":
+        transport.close()
+        chosen = repr(alpn) if alpn else "no protocol"
+        raise HTTP2Refused(f"HTTP/2 required but the server's ALPN chose {chosen} (we offered h2)")
+    if alpn == "h2" or (not tls and state.h2_mode == "require"):
+        raise HandoffToHTTP2(transport, info, _peer(proto))
 
 
 def _tls_info(transport: asyncio.BaseTransport, server_hostname: object) -> TlsInfo:

@@ -1,0 +1,415 @@
+"""HTTP/2 over asyncio with the ``h2`` state machine: preface, SETTINGS, multiplexed streams.
+
+aiohttp speaks only HTTP/1.1, so the connection is dialled by the same timed aiohttp
+connector (DNS, TCP, TLS with ALPN) and, when ALPN settles on ``h2`` (or for prior-knowledge
+``h2c``), handed over to an ``H2Connection``: the transport gets a new protocol. Stages:
+
+* ``h2_setup``: client preface + SETTINGS written → the server's SETTINGS received (the ACK of
+  ours is kept as the attribute ``settings_ack_ms``). Only the stream that opened the
+  connection has it, with dns/connect/tls.
+* ``pool_wait``: a stream waiting for the connection to be ready or for a free stream slot
+  under the server's ``SETTINGS_MAX_CONCURRENT_STREAMS``.
+* ``send``: HEADERS written → the last DATA frame written and out of our buffer; time blocked
+  on flow control is kept as ``flow_control_wait_ms``.
+* response: HEADERS, DATA and END_STREAM stamped in ``data_received`` and fed to the same
+  ``ResponseConsumer`` as HTTP/1.1.
+
+GOAWAY ends the streams the server will not process (``last_stream_id`` and above) with an
+error and refuses new ones; RST_STREAM ends its stream only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import h2.exceptions
+
+from ..timeline import TlsInfo
+from ._consume import ResponseConsumer
+from ._state import RequestState, now_ns
+
+__all__ = ["H2Connection", "H2Pool", "HTTP2Refused", "HandoffToHTTP2"]
+
+_HOP_BY_HOP = {
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "transfer-encoding",
+    "upgrade",
+    "host",
+}
+
+
+class HandoffToHTTP2(Exception):
+    """Raised by the connector once a connection is ready for HTTP/2 (never leaves capture)."""
+
+    def __init__(self, transport: asyncio.Transport, tls: TlsInfo | None, peer: str | None) -> None:
+        super().__init__("connection negotiated HTTP/2")
+        self.transport = transport
+        self.tls = tls
+        self.peer = peer
+
+
+class HTTP2Refused(Exception):
+    """``http2=True`` but the server's ALPN choice was not ``h2``."""
+
+
+class _Stream:
+    __slots__ = ("consumer", "done", "ended", "flow_wait_ns", "last_write_ns", "state")
+
+    def __init__(self, state: RequestState, loop: asyncio.AbstractEventLoop) -> None:
+        self.state = state
+        self.consumer: ResponseConsumer | None = None
+        self.done: asyncio.Future[None] = loop.create_future()
+        self.ended = False
+        self.last_write_ns = 0
+        self.flow_wait_ns = 0
+
+    def finish(self) -> None:
+        self.ended = True
+        if not self.done.done():
+            self.done.set_result(None)
+
+
+class H2Connection(asyncio.Protocol):
+    """One HTTP/2 connection carrying many concurrent request streams."""
+
+    def __init__(self, transport: asyncio.Transport, tls: TlsInfo | None, peer: str | None) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.transport = transport
+        self.tls = tls
+        self.peer = peer
+        self.connection_id = id(self)
+        self.requests_served = 0
+        self._h2 = h2.connection.H2Connection(
+            config=h2.config.H2Configuration(client_side=True, header_encoding=None)
+        )
+        self._streams: dict[int, _Stream] = {}
+        self._slot_waiters: deque[asyncio.Future[None]] = deque()
+        self._window_waiters: list[asyncio.Future[None]] = []
+        self._settings: asyncio.Future[None] = self._loop.create_future()
+        self._setup_state: RequestState | None = None
+        self._preface_ns = 0
+        self.backlog = False
+        self.closing: str | None = None  # why no new stream may start (GOAWAY, lost)
+        transport.set_protocol(self)
+        transport.set_write_buffer_limits(high=1, low=0)  # resume_writing = backlog drained
+
+    # -- setup --
+    def start(self, state: RequestState) -> None:
+        """Write the client preface and SETTINGS; ``state`` gets the ``h2_setup`` stage."""
+        self._setup_state = state
+        self._h2.initiate_connection()
+        self._preface_ns = now_ns()
+        state.begin("h2_setup", self._preface_ns)
+        self._flush()
+
+    async def ready(self) -> None:
+        """Wait until the server's SETTINGS arrived (max concurrent streams known)."""
+        await asyncio.shield(self._settings)
+
+    @property
+    def max_streams(self) -> int:
+        return int(self._h2.remote_settings.max_concurrent_streams)
+
+    @property
+    def usable(self) -> bool:
+        return self.closing is None and not self.transport.is_closing()
+
+    # -- streams --
+    async def acquire_slot(self) -> None:
+        """Wait for a free stream slot (the server's SETTINGS_MAX_CONCURRENT_STREAMS)."""
+        while len(self._streams) >= self.max_streams and self.usable:
+            waiter = self._loop.create_future()
+            self._slot_waiters.append(waiter)
+            try:
+                await waiter
+            finally:
+                if waiter in self._slot_waiters:
+                    self._slot_waiters.remove(waiter)
+        if not self.usable:
+            raise ConnectionResetError(f"HTTP/2 connection unusable: {self.closing}")
+
+    async def request(
+        self,
+        state: RequestState,
+        method: str,
+        target: tuple[str, str, str],
+        headers: Sequence[tuple[str, str]],
+        body: bytes,
+    ) -> None:
+        """Run one request stream to its end; marks go to ``state``'s recorder."""
+        stream = _Stream(state, self._loop)
+        stream_id = self._h2.get_next_available_stream_id()
+        self._streams[stream_id] = stream
+        try:
+            await self._send(stream_id, stream, method, target, headers, body)
+            if state.recorder.is_open("send"):  # every byte is out: the request is sent
+                state.end("send", stream.last_write_ns or now_ns(), **_flow(stream))
+            await stream.done
+        except BaseException:
+            self._cancel(stream_id)
+            raise
+        finally:
+            self._streams.pop(stream_id, None)
+            self.requests_served += 1
+            self._wake_slot()
+
+    async def _send(
+        self,
+        stream_id: int,
+        stream: _Stream,
+        method: str,
+        target: tuple[str, str, str],
+        headers: Sequence[tuple[str, str]],
+        body: bytes,
+    ) -> None:
+        scheme, authority, path = target
+        pseudo = [
+            (":method", method),
+            (":scheme", scheme),
+            (":authority", authority),
+            (":path", path),
+        ]
+        fields = pseudo + [(k.lower(), v) for k, v in headers if k.lower() not in _HOP_BY_HOP]
+        stream.state.begin("send", now_ns())
+        self._h2.send_headers(stream_id, fields, end_stream=not body)
+        self._flush(stream)
+        view = memoryview(body)
+        while view and not stream.ended:
+            window = min(
+                self._h2.local_flow_control_window(stream_id), self._h2.max_outbound_frame_size
+            )
+            if window <= 0:
+                blocked = now_ns()
+                await self._wait_window()
+                stream.flow_wait_ns += now_ns() - blocked
+                continue
+            chunk, view = view[:window], view[window:]
+            self._h2.send_data(stream_id, bytes(chunk), end_stream=not view)
+            self._flush(stream)
+            if self.backlog:
+                await self._drained()
+
+    def _cancel(self, stream_id: int) -> None:
+        stream = self._streams.get(stream_id)
+        if stream is not None and not stream.ended and self.usable:
+            try:
+                self._h2.reset_stream(stream_id, h2.errors.ErrorCodes.CANCEL)
+                self._flush()
+            except h2.exceptions.H2Error:
+                pass
+
+    # -- writing --
+    def _flush(self, stream: _Stream | None = None) -> None:
+        data = self._h2.data_to_send()
+        if data and not self.transport.is_closing():
+            self.transport.write(data)
+            self.backlog = self.transport.get_write_buffer_size() > 0
+            if stream is not None:
+                stream.last_write_ns = now_ns()
+
+    async def _drained(self) -> None:
+        waiter = self._loop.create_future()
+        self._window_waiters.append(waiter)
+        await waiter
+
+    async def _wait_window(self) -> None:
+        waiter = self._loop.create_future()
+        self._window_waiters.append(waiter)
+        await waiter
+
+    def resume_writing(self) -> None:
+        drained = now_ns()
+        self.backlog = False
+        for stream in self._streams.values():
+            if stream.state.recorder.is_open("send"):
+                stream.last_write_ns = drained
+        self._wake_windows()
+
+    def pause_writing(self) -> None:
+        self.backlog = True
+
+    def _wake_windows(self) -> None:
+        waiters, self._window_waiters = self._window_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _wake_slot(self) -> None:
+        while self._slot_waiters:
+            waiter = self._slot_waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    # -- reading --
+    def data_received(self, data: bytes) -> None:
+        t = now_ns()
+        try:
+            events = self._h2.receive_data(data)
+        except h2.exceptions.ProtocolError as exc:
+            self._lose(f"HTTP/2 protocol error: {exc}", t)
+            self.transport.close()
+            return
+        for event in events:
+            self._on_event(event, t)
+        self._flush()
+
+    def _on_event(self, event: h2.events.Event, t: int) -> None:
+        if isinstance(event, h2.events.DataReceived):
+            self._on_data(event, t)
+        elif isinstance(event, h2.events.ResponseReceived):
+            self._on_headers(event, t)
+        elif isinstance(event, h2.events.StreamEnded):
+            self._on_end(event.stream_id, t)
+        elif isinstance(event, h2.events.StreamReset):
+            self._on_reset(event, t)
+        elif isinstance(event, h2.events.WindowUpdated):
+            self._wake_windows()
+        elif isinstance(event, h2.events.RemoteSettingsChanged):
+            self._on_settings(t)
+        elif isinstance(event, h2.events.SettingsAcknowledged):
+            self._on_settings_ack(t)
+        elif isinstance(event, h2.events.ConnectionTerminated):
+            self._on_goaway(event, t)
+
+    def _on_headers(self, event: h2.events.ResponseReceived, t: int) -> None:
+        stream = self._streams.get(event.stream_id)
+        if stream is None:
+            return
+        fields = {bytes(k).lower(): bytes(v) for k, v in event.headers or ()}
+        status = int(fields.get(b":status", b"0"))
+        rec = stream.state.recorder
+        if rec.is_open("send"):
+            backlog = {"backlog_at_headers": True} if self.backlog else {}
+            stream.state.end("send", stream.last_write_ns or t, **_flow(stream), **backlog)
+        rec.response_headers(t, status)
+        content_type = fields.get(b"content-type", b"").split(b";")[0].strip().decode("latin-1")
+        stream.consumer = ResponseConsumer(stream.state, status, content_type.lower())
+
+    def _on_data(self, event: h2.events.DataReceived, t: int) -> None:
+        self._h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+        stream = self._streams.get(event.stream_id)
+        if stream is not None and stream.consumer is not None and event.data:
+            stream.consumer.feed(bytes(event.data), t)
+
+    def _on_end(self, stream_id: int, t: int) -> None:
+        stream = self._streams.get(stream_id)
+        if stream is None or stream.ended:
+            return
+        stream.state.body_end_ns = t
+        if stream.consumer is not None:
+            stream.consumer.close(t)
+        stream.finish()
+
+    def _on_reset(self, event: h2.events.StreamReset, t: int) -> None:
+        stream = self._streams.get(event.stream_id)
+        if stream is None or stream.ended:
+            return
+        code = _code_name(event.error_code)
+        stream.state.fail("reset", f"stream reset by the server (RST_STREAM {code})", t)
+        stream.finish()
+
+    def _on_settings(self, t: int) -> None:
+        state = self._setup_state
+        if state is not None and state.recorder.is_open("h2_setup"):
+            state.end("h2_setup", t, max_concurrent_streams=self.max_streams)
+        if not self._settings.done():
+            self._settings.set_result(None)
+        self._wake_slot()
+
+    def _on_settings_ack(self, t: int) -> None:
+        state, self._setup_state = self._setup_state, None
+        if state is not None:
+            state.recorder.attributes["settings_ack_ms"] = (t - self._preface_ns) / 1e6
+
+    def _on_goaway(self, event: h2.events.ConnectionTerminated, t: int) -> None:
+        code = _code_name(event.error_code)
+        last = event.last_stream_id if event.last_stream_id is not None else 0
+        self.closing = f"server sent GOAWAY ({code}, last stream {last})"
+        for stream_id, stream in list(self._streams.items()):
+            if stream_id > last and not stream.ended:
+                stream.state.fail("goaway", f"{self.closing}: this stream was not processed", t)
+                stream.finish()
+        for waiter in self._slot_waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        reason = f"connection closed ({exc})" if exc else "connection closed by the server"
+        self._lose(reason, now_ns())
+
+    def _lose(self, reason: str, t: int) -> None:
+        self.closing = self.closing or reason
+        if not self._settings.done():
+            self._settings.set_exception(ConnectionResetError(reason))
+            self._settings.exception()  # retrieved here: nobody may be waiting yet
+        for stream in list(self._streams.values()):
+            if not stream.ended:
+                got_headers = stream.state.recorder.headers_ns is not None
+                kind = "reset" if got_headers else "disconnected"
+                stream.state.fail(kind, f"HTTP/2 {reason}", t)
+                stream.finish()
+        self._wake_windows()
+        for waiter in self._slot_waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+
+def _flow(stream: _Stream) -> Mapping[str, float]:
+    return {"flow_control_wait_ms": stream.flow_wait_ns / 1e6} if stream.flow_wait_ns else {}
+
+
+def _code_name(code: Any) -> str:
+    return getattr(code, "name", str(code))
+
+
+class H2Pool:
+    """One HTTP/2 connection per origin, shared by every stream to it.
+
+    Requests to an origin whose first connection is still being dialled wait for it (their
+    ``pool_wait``) instead of dialling their own; ``None`` as the outcome means the server chose
+    HTTP/1.1, and they go the HTTP/1.1 way.
+    """
+
+    def __init__(self) -> None:
+        self._conns: dict[str, H2Connection] = {}
+        self._dialling: dict[str, asyncio.Future[H2Connection | None]] = {}
+        self.http1_origins: set[str] = set()
+
+    def get(self, origin: str) -> H2Connection | None:
+        conn = self._conns.get(origin)
+        return conn if conn is not None and conn.usable else None
+
+    def dialling(self, origin: str) -> asyncio.Future[H2Connection | None] | None:
+        return self._dialling.get(origin)
+
+    def begin_dial(self, origin: str) -> None:
+        self._dialling[origin] = asyncio.get_running_loop().create_future()
+
+    def end_dial(self, origin: str, conn: H2Connection | None, http1: bool = False) -> None:
+        """The dial for ``origin`` ended: with a connection, with HTTP/1.1, or failed."""
+        if conn is not None:
+            self._conns[origin] = conn
+        elif http1:
+            self.http1_origins.add(origin)
+        future = self._dialling.pop(origin, None)
+        if future is not None and not future.done():
+            future.set_result(conn)
+
+    def close(self) -> None:
+        for conn in self._conns.values():
+            conn.transport.close()
+        self._conns.clear()
+        for future in self._dialling.values():
+            if not future.done():
+                future.set_result(None)
+        self._dialling.clear()

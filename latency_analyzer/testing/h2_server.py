@@ -1,0 +1,396 @@
+"""An HTTP/2 variant of the test-bed LLM server, written on the ``h2`` state machine.
+
+Same knobs and timeline as :class:`~latency_analyzer.testing.LLMServer` (``header_delay``,
+``queue``, ``prefill``, ``decode``, ``tokens``, ``tokens_per_chunk``, ``usage``, per-request
+``"testbed": {...}`` overrides), served over TLS with ALPN ``h2`` or as prior-knowledge
+``h2c``. Being hand-written on ``h2`` it can also misbehave on purpose, at the frame level:
+
+* ``"h2_fault": "rst_stream"`` ends that stream with RST_STREAM after ``fault_after`` tokens;
+* ``"h2_fault": "goaway"`` sends GOAWAY (last stream id = this stream) after ``fault_after``
+  tokens: this stream completes, streams opened after it are refused;
+* ``"h2_fault": "close"`` closes the TCP connection after ``fault_after`` tokens.
+
+``max_concurrent_streams`` is announced in the server's SETTINGS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import ssl as ssl_module
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import h2.exceptions
+import h2.settings
+
+from ._timing import Service, check_loopback, deadline_after, sleep_until
+from .llm_server import Behavior, token_text
+
+__all__ = ["H2LLMServer", "H2StreamRecord", "SubprocessH2LLMServer"]
+
+H2_FAULTS = frozenset({"rst_stream", "goaway", "close"})
+
+
+@dataclass(frozen=True)
+class H2StreamRecord:
+    """Ground truth for one stream (``perf_counter_ns`` instants, stamped before each write)."""
+
+    stream_id: int
+    connection: int
+    received_ns: int
+    headers_ns: int | None
+    chunk_ns: tuple[int, ...]
+    end_ns: int
+
+
+@dataclass
+class _Request:
+    stream_id: int
+    headers: dict[bytes, bytes]
+    body: bytearray = field(default_factory=bytearray)
+
+
+class _Conn(asyncio.Protocol):
+    """One server-side HTTP/2 connection."""
+
+    def __init__(self, server: H2LLMServer) -> None:
+        self.server = server
+        self.number = server.connections = server.connections + 1
+        self.h2 = h2.connection.H2Connection(
+            config=h2.config.H2Configuration(client_side=False, header_encoding=None)
+        )
+        self.transport: asyncio.Transport | None = None
+        self.requests: dict[int, _Request] = {}
+        self.tasks: dict[int, asyncio.Task[None]] = {}
+        self.window = asyncio.Event()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.server.open.add(self)
+        self.h2.update_settings(
+            {h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: self.server.max_concurrent_streams}
+        )
+        self.h2.initiate_connection()
+        self.flush()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.server.open.discard(self)
+        for task in self.tasks.values():
+            task.cancel()
+        self.window.set()
+
+    def flush(self) -> None:
+        data = self.h2.data_to_send()
+        if data and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            events = self.h2.receive_data(data)
+        except h2.exceptions.ProtocolError:
+            self.flush()
+            if self.transport is not None:
+                self.transport.close()
+            return
+        for event in events:
+            self.on_event(event)
+        self.flush()
+
+    def on_event(self, event: h2.events.Event) -> None:
+        if isinstance(event, h2.events.RequestReceived):
+            headers = {bytes(k): bytes(v) for k, v in event.headers or ()}
+            self.requests[event.stream_id] = _Request(event.stream_id, headers)
+        elif isinstance(event, h2.events.DataReceived):
+            self.h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+            if event.stream_id in self.requests:
+                self.requests[event.stream_id].body += event.data or b""
+        elif isinstance(event, h2.events.StreamEnded):
+            request = self.requests.pop(event.stream_id, None)
+            if request is not None:
+                self.start(request)
+        elif isinstance(event, h2.events.StreamReset):
+            running = self.tasks.get(event.stream_id)
+            if running is not None:
+                running.cancel()
+        elif isinstance(event, (h2.events.WindowUpdated, h2.events.RemoteSettingsChanged)):
+            self.window.set()
+
+    def start(self, request: _Request) -> None:
+        stream_id = request.stream_id
+        task = asyncio.ensure_future(self.serve(request, time.perf_counter_ns()))
+        self.tasks[stream_id] = task
+        task.add_done_callback(lambda _: self.tasks.pop(stream_id, None))
+
+    async def send(self, stream_id: int, data: bytes, end: bool = False) -> None:
+        """DATA frames within the flow-control window (waiting for WINDOW_UPDATE as needed)."""
+        view = memoryview(data)
+        while view:
+            room = min(
+                self.h2.local_flow_control_window(stream_id), self.h2.max_outbound_frame_size
+            )
+            if room <= 0:
+                self.window.clear()
+                await self.window.wait()
+                continue
+            chunk, view = view[:room], view[room:]
+            self.h2.send_data(stream_id, bytes(chunk), end_stream=end and not view)
+            self.flush()
+        if end and not data:
+            self.h2.end_stream(stream_id)
+            self.flush()
+
+    async def serve(self, request: _Request, received_ns: int) -> None:
+        gone = (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError, ConnectionError)
+        with contextlib.suppress(*gone):  # the client went away or reset the stream
+            await _Exchange(self, request, received_ns).run()
+
+
+class _Exchange:
+    """One request stream: the LLM timeline, chunk by chunk."""
+
+    def __init__(self, conn: _Conn, request: _Request, received_ns: int) -> None:
+        self.conn, self.request, self.received_ns = conn, request, received_ns
+        self.stream_id = request.stream_id
+        body: Mapping[str, Any] = {}
+        try:
+            loaded = json.loads(request.body or b"{}")
+            body = loaded if isinstance(loaded, dict) else {}
+        except ValueError:
+            pass
+        knobs = dict(body.get("testbed") or {})
+        self.fault = knobs.pop("h2_fault", None)
+        if isinstance(body.get("max_tokens"), int):
+            knobs.setdefault("tokens", body["max_tokens"])
+        self.behavior: Behavior = conn.server.behavior.override(knobs)
+        self.chat = request.headers.get(b":path", b"").endswith(b"/chat/completions")
+        self.include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        self.headers_ns: int | None = None
+        self.chunk_ns: list[int] = []
+
+    async def run(self) -> None:
+        b = self.behavior
+        headers_due = deadline_after(self.received_ns, b.header_delay)
+        await sleep_until(headers_due)
+        self.headers_ns = time.perf_counter_ns()
+        h2c = self.conn.h2
+        h2c.send_headers(
+            self.stream_id, [(":status", "200"), ("content-type", "text/event-stream")]
+        )
+        self.conn.flush()
+        try:
+            if self.chat:
+                await self.conn.send(
+                    self.stream_id, _sse(self._chunk({"role": "assistant", "content": ""}))
+                )
+            if await self._tokens(headers_due):
+                tail = _sse(self._usage()) if b.usage and self.include_usage else b""
+                await self.conn.send(self.stream_id, tail + b"data: [DONE]\n\n", end=True)
+        finally:
+            self._publish()
+
+    async def _tokens(self, headers_due: int) -> bool:
+        """Token chunks at their deadlines; False if a fault ended the stream."""
+        b = self.behavior
+        step = b.tokens_per_chunk
+        for slot, start in enumerate(range(0, b.tokens, step)):
+            stop = min(start + step, b.tokens)
+            data = _sse(
+                self._chunk(self._delta("".join(token_text(i) for i in range(start, stop))))
+            )
+            due = deadline_after(headers_due, b.queue + b.prefill + (stop - 1) * b.decode)
+            await sleep_until(due)
+            if self.fault and slot == b.fault_after:
+                return self._fault()
+            self.chunk_ns.append(time.perf_counter_ns())
+            await self.conn.send(self.stream_id, data)
+        return True
+
+    def _fault(self) -> bool:
+        conn = self.conn
+        if self.fault == "rst_stream":
+            conn.h2.reset_stream(self.stream_id, h2.errors.ErrorCodes.INTERNAL_ERROR)
+            conn.flush()
+            return False
+        if self.fault == "goaway":
+            conn.h2.close_connection(last_stream_id=self.stream_id)
+            conn.flush()
+            return True  # this stream still completes
+        if conn.transport is not None:
+            conn.transport.close()
+        return False
+
+    def _delta(self, text: str) -> dict[str, Any]:
+        return {"content": text} if self.chat else {"text": text}
+
+    def _chunk(self, delta: dict[str, Any]) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "finish_reason": None, "logprobs": None}
+        choice.update({"delta": delta} if self.chat else delta)
+        kind = "chat.completion.chunk" if self.chat else "text_completion"
+        return {
+            "id": f"h2-{self.stream_id}",
+            "object": kind,
+            "model": self.behavior.model,
+            "choices": [choice],
+        }
+
+    def _usage(self) -> dict[str, Any]:
+        n = self.behavior.tokens
+        usage = {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1}
+        return {
+            "id": f"h2-{self.stream_id}",
+            "object": "chat.completion.chunk",
+            "choices": [],
+            "usage": usage,
+        }
+
+    def _publish(self) -> None:
+        record = H2StreamRecord(
+            stream_id=self.stream_id,
+            connection=self.conn.number,
+            received_ns=self.received_ns,
+            headers_ns=self.headers_ns,
+            chunk_ns=tuple(self.chunk_ns),
+            end_ns=time.perf_counter_ns(),
+        )
+        self.conn.server.records.append(record)
+
+
+def _sse(payload: Mapping[str, Any]) -> bytes:
+    return b"data: " + json.dumps(payload).encode() + b"\n\n"
+
+
+class H2LLMServer(Service):
+    """The LLM test server over HTTP/2 (TLS + ALPN ``h2`` with ``ssl=``, else ``h2c``).
+
+    Args:
+        ssl: a server context (ALPN ``h2`` is set on it); None serves prior-knowledge h2c.
+        max_concurrent_streams: announced in SETTINGS; streams beyond it are refused by h2.
+        host, port: loopback address and port (0: any free port).
+        **knobs: the default :class:`Behavior` (``header_delay``, ``prefill``, ``decode``, ...).
+
+    Attributes:
+        records: one :class:`H2StreamRecord` per served stream.
+        connections: TCP connections accepted.
+    """
+
+    def __init__(
+        self,
+        *,
+        ssl: ssl_module.SSLContext | None = None,
+        max_concurrent_streams: int = 100,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        **knobs: Any,
+    ) -> None:
+        self.behavior = Behavior().override(knobs)
+        self.ssl = ssl
+        if ssl is not None:
+            ssl.set_alpn_protocols(["h2"])
+        self.max_concurrent_streams = max_concurrent_streams
+        self._host, self._port = check_loopback(host), port
+        self.records: list[H2StreamRecord] = []
+        self.connections = 0
+        self.open: set[_Conn] = set()
+        self._server: asyncio.Server | None = None
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    @property
+    def host(self) -> str:
+        return self._host
+
+    @property
+    def url(self) -> str:
+        scheme = "https" if self.ssl is not None else "http"
+        return f"{scheme}://{self._host}:{self._port}"
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: _Conn(self), self._host, self._port, ssl=self.ssl
+        )
+        self._port = int(self._server.sockets[0].getsockname()[1])
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            for conn in list(self.open):
+                if conn.transport is not None:
+                    conn.transport.abort()
+            await self._server.wait_closed()
+            self._server = None
+
+    def run_in_subprocess(self, tls_pem: str | None = None) -> SubprocessH2LLMServer:
+        """Serve this configuration from a child process (no GIL shared with the caller)."""
+        config = {
+            "knobs": {k: getattr(self.behavior, k) for k in Behavior.__dataclass_fields__},
+            "max_concurrent_streams": self.max_concurrent_streams,
+            "tls_pem": tls_pem,
+        }
+        return SubprocessH2LLMServer(config)
+
+
+class SubprocessH2LLMServer:
+    """Context manager running an :class:`H2LLMServer` in a child process."""
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        self._config = dict(config)
+        self._proc: subprocess.Popen[str] | None = None
+        self.port = 0
+        self.host = "127.0.0.1"
+
+    @property
+    def url(self) -> str:
+        scheme = "https" if self._config.get("tls_pem") else "http"
+        return f"{scheme}://{self.host}:{self.port}"
+
+    def __enter__(self) -> SubprocessH2LLMServer:
+        code = "from latency_analyzer.testing.h2_server import _child; _child()"
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", code, json.dumps(self._config)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self._proc.stdout is not None
+        self.port = int(self._proc.stdout.readline())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait(5)
+            for pipe in (self._proc.stdin, self._proc.stdout):
+                if pipe is not None:
+                    pipe.close()
+
+
+def _child() -> None:
+    """Child-process entry: serve until stdin closes; print the port first."""
+    config = json.loads(sys.argv[1])
+
+    async def serve() -> None:
+        context = None
+        if config.get("tls_pem"):
+            context = ssl_module.create_default_context(ssl_module.Purpose.CLIENT_AUTH)
+            context.load_cert_chain(config["tls_pem"])
+        server = H2LLMServer(
+            ssl=context, max_concurrent_streams=config["max_concurrent_streams"], **config["knobs"]
+        )
+        async with server:
+            print(server.port, flush=True)
+            await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+
+    asyncio.run(serve())
