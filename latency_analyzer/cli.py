@@ -71,6 +71,17 @@ def _parser() -> argparse.ArgumentParser:
         help="whole request (default: %(default)s)",
     )
     p.add_argument("--no-color", action="store_true", help="plain text even on a terminal")
+    version = p.add_mutually_exclusive_group()
+    version.add_argument(
+        "--http2",
+        dest="http2",
+        action="store_true",
+        default=None,
+        help="require HTTP/2 (ALPN h2; prior-knowledge h2c for http://)",
+    )
+    version.add_argument(
+        "--http1.1", dest="http2", action="store_false", help="HTTP/1.1 only (no ALPN h2)"
+    )
     d = sub.add_parser("demo", help="start loopback servers with known delays and probe them")
     d.add_argument("--json", action="store_true", help="print the waterfalls as JSON lines")
     return parser
@@ -96,6 +107,7 @@ def _probe(args: argparse.Namespace) -> int:
         ssl=context,
         insecure=args.insecure,
         timeout=args.timeout,
+        http2=args.http2,
     )
     _print(wf, args.json, sys.stdout.isatty() and not args.no_color)
     return 0 if wf.ok else 1

@@ -48,6 +48,8 @@ TESTING_PUBLIC = [
     "DNSQuery",
     "DNSServer",
     "DelayProxy",
+    "H2LLMServer",
+    "H2StreamRecord",
     "LLMServer",
     "RequestRecord",
     "SubprocessLLMServer",

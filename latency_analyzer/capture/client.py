@@ -236,7 +236,7 @@ class Client:
             await self._exchange(state, method, url, json, data, headers, timer)
         except HandoffToHTTP2 as handoff:
             conn = H2Connection(handoff.transport, handoff.tls, handoff.peer)
-            conn.start(state)
+            conn.start(state, handoff.early)
             self._h2.end_dial(origin, conn)
             dialler = False
             await self._h2_exchange(state, conn, method, url, json, data, headers, deadline, True)
@@ -369,6 +369,7 @@ async def aprobe(
     timeout: float = 60.0,
     dns_timeout: float = 5.0,
     trace: TraceHook | None = None,
+    http2: bool | None = None,
 ) -> Waterfall:
     """One request on a fresh connection (cold: dns, connect, tls all measured).
 
@@ -381,6 +382,7 @@ async def aprobe(
         timeout=timeout,
         dns_timeout=dns_timeout,
         trace=trace,
+        http2=http2,
     )
     async with client:
         return await client.request(url, method=method, json=json, data=data, headers=headers)

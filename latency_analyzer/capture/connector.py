@@ -84,6 +84,9 @@ class TimedProtocol(ResponseHandler):
         self.requests_served = 0
         self.made_ns: int | None = None
         self.state: RequestState | None = None
+        # Bytes that came before the first request was attached: an HTTP/2 server's SETTINGS
+        # may arrive with the end of the TLS handshake, before the hand-over to HTTP/2.
+        self.early: list[tuple[bytes, int]] | None = []
         self.tls: TlsInfo | None = None  # what the handshake settled, for every request it carries
         self.last_write_ns = 0
         self.backlog = False
@@ -104,6 +107,9 @@ class TimedProtocol(ResponseHandler):
     def attach(self, state: RequestState) -> None:
         """Pin the request now using this connection (protocol callbacks cannot see ContextVars)."""
         self.state = state
+        early, self.early = self.early, None
+        for data, _ in early or ():  # an HTTP/1.1 server that spoke first: let aiohttp judge
+            super().data_received(data)
         self.last_write_ns = 0
         self.backlog = False
         self._marks = []
@@ -144,7 +150,10 @@ class TimedProtocol(ResponseHandler):
         t = now_ns()
         state = self.state
         if state is None:
-            super().data_received(data)
+            if self.early is not None:  # before the first request: only HTTP/2 talks first
+                self.early.append((data, t))
+            else:
+                super().data_received(data)
             return
         before = self._payload
         super().data_received(data)
@@ -284,7 +293,9 @@ def _maybe_hand_over(
         chosen = repr(alpn) if alpn else "no protocol"
         raise HTTP2Refused(f"HTTP/2 required but the server's ALPN chose {chosen} (we offered h2)")
     if alpn == "h2" or (not tls and state.h2_mode == "require"):
-        raise HandoffToHTTP2(transport, info, _peer(proto))
+        transport.pause_reading()  # nothing more for aiohttp's parser; the new owner resumes
+        early = cast(TimedProtocol, proto).early or []
+        raise HandoffToHTTP2(transport, info, _peer(proto), early)
 
 
 def _tls_info(transport: asyncio.BaseTransport, server_hostname: object) -> TlsInfo:

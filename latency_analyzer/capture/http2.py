@@ -50,15 +50,68 @@ _HOP_BY_HOP = {
 class HandoffToHTTP2(Exception):
     """Raised by the connector once a connection is ready for HTTP/2 (never leaves capture)."""
 
-    def __init__(self, transport: asyncio.Transport, tls: TlsInfo | None, peer: str | None) -> None:
+    def __init__(
+        self,
+        transport: asyncio.Transport,
+        tls: TlsInfo | None,
+        peer: str | None,
+        early: list[tuple[bytes, int]],
+    ) -> None:
         super().__init__("connection negotiated HTTP/2")
         self.transport = transport
         self.tls = tls
         self.peer = peer
+        self.early = early  # (bytes, arrival ns) received before the hand-over
 
 
 class HTTP2Refused(Exception):
     """``http2=True`` but the server's ALPN choice was not ``h2``."""
+
+
+class _GoAwayFilter:
+    """Takes GOAWAY frames out of the received bytes before ``h2`` sees them.
+
+    ``h2`` closes its whole state machine on GOAWAY, so streams the server promised to finish
+    (ids up to ``last_stream_id``) would be lost; RFC 9113 §6.8 says they complete. Only frame
+    headers are read: 9 bytes each, payloads pass through untouched.
+    """
+
+    __slots__ = ("_goaway", "_head", "_left")
+
+    def __init__(self) -> None:
+        self._head = b""  # a partial 9-byte frame header
+        self._left = 0  # payload bytes of the current frame still to come
+        self._goaway: bytearray | None = None  # the GOAWAY payload being collected
+
+    def feed(self, data: bytes) -> tuple[bytes, list[tuple[int, int]]]:
+        """Bytes for ``h2`` and the (last_stream_id, error_code) of each GOAWAY completed."""
+        out, goaways, pos = bytearray(), [], 0
+        while pos < len(data):
+            if self._left:
+                take = min(self._left, len(data) - pos)
+                piece = data[pos : pos + take]
+                if self._goaway is None:
+                    out += piece
+                else:
+                    self._goaway += piece
+                self._left -= take
+                pos += take
+            else:
+                need = 9 - len(self._head)
+                self._head += data[pos : pos + need]
+                pos += min(need, len(data) - pos)
+                if len(self._head) < 9:
+                    break
+                length, kind = int.from_bytes(self._head[:3], "big"), self._head[3]
+                self._goaway = bytearray() if kind == 0x7 else None
+                if self._goaway is None:
+                    out += self._head
+                self._head, self._left = b"", length
+            if self._goaway is not None and not self._left and len(self._goaway) >= 8:
+                last = int.from_bytes(self._goaway[:4], "big") & 0x7FFFFFFF
+                goaways.append((last, int.from_bytes(self._goaway[4:8], "big")))
+                self._goaway = None
+        return bytes(out), goaways
 
 
 class _Stream:
@@ -92,6 +145,7 @@ class H2Connection(asyncio.Protocol):
             config=h2.config.H2Configuration(client_side=True, header_encoding=None)
         )
         self._streams: dict[int, _Stream] = {}
+        self._goaways = _GoAwayFilter()
         self._slot_waiters: deque[asyncio.Future[None]] = deque()
         self._window_waiters: list[asyncio.Future[None]] = []
         self._settings: asyncio.Future[None] = self._loop.create_future()
@@ -103,13 +157,16 @@ class H2Connection(asyncio.Protocol):
         transport.set_write_buffer_limits(high=1, low=0)  # resume_writing = backlog drained
 
     # -- setup --
-    def start(self, state: RequestState) -> None:
+    def start(self, state: RequestState, early: Sequence[tuple[bytes, int]] = ()) -> None:
         """Write the client preface and SETTINGS; ``state`` gets the ``h2_setup`` stage."""
         self._setup_state = state
         self._h2.initiate_connection()
         self._preface_ns = now_ns()
         state.begin("h2_setup", self._preface_ns)
         self._flush()
+        for data, t in early:  # the server's SETTINGS may have come with the handshake
+            self._receive(data, t)
+        self.transport.resume_reading()
 
     async def ready(self) -> None:
         """Wait until the server's SETTINGS arrived (max concurrent streams known)."""
@@ -252,7 +309,12 @@ class H2Connection(asyncio.Protocol):
 
     # -- reading --
     def data_received(self, data: bytes) -> None:
-        t = now_ns()
+        self._receive(data, now_ns())
+
+    def _receive(self, data: bytes, t: int) -> None:
+        data, goaways = self._goaways.feed(data)
+        for last_stream_id, code in goaways:
+            self._on_goaway(last_stream_id, code, t)
         try:
             events = self._h2.receive_data(data)
         except h2.exceptions.ProtocolError as exc:
@@ -278,8 +340,8 @@ class H2Connection(asyncio.Protocol):
             self._on_settings(t)
         elif isinstance(event, h2.events.SettingsAcknowledged):
             self._on_settings_ack(t)
-        elif isinstance(event, h2.events.ConnectionTerminated):
-            self._on_goaway(event, t)
+        elif isinstance(event, h2.events.ConnectionTerminated):  # not reached: filtered out
+            self._on_goaway(event.last_stream_id or 0, event.error_code, t)
 
     def _on_headers(self, event: h2.events.ResponseReceived, t: int) -> None:
         stream = self._streams.get(event.stream_id)
@@ -331,9 +393,8 @@ class H2Connection(asyncio.Protocol):
         if state is not None:
             state.recorder.attributes["settings_ack_ms"] = (t - self._preface_ns) / 1e6
 
-    def _on_goaway(self, event: h2.events.ConnectionTerminated, t: int) -> None:
-        code = _code_name(event.error_code)
-        last = event.last_stream_id if event.last_stream_id is not None else 0
+    def _on_goaway(self, last: int, error_code: Any, t: int) -> None:
+        code = _code_name(_error_code(error_code))
         self.closing = f"server sent GOAWAY ({code}, last stream {last})"
         for stream_id, stream in list(self._streams.items()):
             if stream_id > last and not stream.ended:
@@ -366,6 +427,13 @@ class H2Connection(asyncio.Protocol):
 
 def _flow(stream: _Stream) -> Mapping[str, float]:
     return {"flow_control_wait_ms": stream.flow_wait_ns / 1e6} if stream.flow_wait_ns else {}
+
+
+def _error_code(code: Any) -> Any:
+    try:
+        return h2.errors.ErrorCodes(code)
+    except ValueError:
+        return code
 
 
 def _code_name(code: Any) -> str:

@@ -10,6 +10,8 @@ ground truth as ``time.perf_counter_ns()`` instants. Delays are exact to a few m
 * :class:`DNSServer`: A/AAAA answers after a fixed delay; NXDOMAIN and dropped names.
 * :class:`TestCA`: throw-away CA and server certificate (trustme) with matching contexts.
 * :class:`DelayProxy`: TCP proxy adding a one-way delay to every chunk, both ways.
+* :class:`H2LLMServer`: the LLM server over HTTP/2 (TLS + ALPN or h2c), with frame-level
+  faults (RST_STREAM, GOAWAY, connection close) and a chosen max-concurrent-streams.
 
 Example::
 
@@ -29,6 +31,7 @@ Example::
 from ._timing import sleep_until
 from .delay_proxy import DelayProxy
 from .dns_server import DNSQuery, DNSServer
+from .h2_server import H2LLMServer, H2StreamRecord
 from .llm_server import (
     FAULTS,
     Behavior,
@@ -46,6 +49,8 @@ __all__ = [
     "DNSQuery",
     "DNSServer",
     "DelayProxy",
+    "H2LLMServer",
+    "H2StreamRecord",
     "LLMServer",
     "RequestRecord",
     "SubprocessLLMServer",

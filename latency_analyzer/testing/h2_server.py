@@ -32,6 +32,7 @@ import h2.errors
 import h2.events
 import h2.exceptions
 import h2.settings
+import hyperframe.frame
 
 from ._timing import Service, check_loopback, deadline_after, sleep_until
 from .llm_server import Behavior, token_text
@@ -51,6 +52,7 @@ class H2StreamRecord:
     headers_ns: int | None
     chunk_ns: tuple[int, ...]
     end_ns: int
+    body_bytes: int
 
 
 @dataclass
@@ -77,9 +79,11 @@ class _Conn(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         self.server.open.add(self)
-        self.h2.update_settings(
-            {h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: self.server.max_concurrent_streams}
-        )
+        # in the preface's own SETTINGS (update_settings would send a second frame after it)
+        limit = {
+            h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: self.server.max_concurrent_streams
+        }
+        self.h2.local_settings = h2.settings.Settings(client=False, initial_values=limit)
         self.h2.initiate_connection()
         self.flush()
 
@@ -209,22 +213,28 @@ class _Exchange:
             )
             due = deadline_after(headers_due, b.queue + b.prefill + (stop - 1) * b.decode)
             await sleep_until(due)
-            if self.fault and slot == b.fault_after:
-                return self._fault()
+            if self.fault and slot == b.fault_after and not self._fault():
+                return False
             self.chunk_ns.append(time.perf_counter_ns())
             await self.conn.send(self.stream_id, data)
         return True
 
     def _fault(self) -> bool:
+        """Misbehave; True if this stream carries on (GOAWAY lets it finish)."""
         conn = self.conn
         if self.fault == "rst_stream":
             conn.h2.reset_stream(self.stream_id, h2.errors.ErrorCodes.INTERNAL_ERROR)
             conn.flush()
             return False
         if self.fault == "goaway":
-            conn.h2.close_connection(last_stream_id=self.stream_id)
-            conn.flush()
-            return True  # this stream still completes
+            # a graceful GOAWAY written by hand: h2's close_connection() would stop this
+            # connection from sending anything more, and this stream is meant to complete
+            frame = hyperframe.frame.GoAwayFrame(0)
+            frame.last_stream_id, frame.error_code = self.stream_id, 0
+            if conn.transport is not None:
+                conn.flush()
+                conn.transport.write(frame.serialize())
+            return True
         if conn.transport is not None:
             conn.transport.close()
         return False
@@ -261,6 +271,7 @@ class _Exchange:
             headers_ns=self.headers_ns,
             chunk_ns=tuple(self.chunk_ns),
             end_ns=time.perf_counter_ns(),
+            body_bytes=len(self.request.body),
         )
         self.conn.server.records.append(record)
 

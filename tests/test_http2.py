@@ -1,0 +1,289 @@
+"""HTTP/2: ALPN, h2c, stages, multiplexing, stream limits, faults, flow control, a real nginx."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import assert_exact, tolerance
+
+import latency_analyzer as la
+from latency_analyzer.testing import H2LLMServer, LLMServer, TestCA
+from latency_analyzer.testing.h2_server import SubprocessH2LLMServer
+
+HEADER_DELAY, PREFILL, DECODE, TOKENS = 0.020, 0.040, 0.005, 20
+
+
+def _body(**testbed: object) -> dict[str, object]:
+    return {
+        "model": "m",
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "messages": [{"role": "user", "content": "hi"}],
+        "testbed": testbed,
+    }
+
+
+def _median(wfs: list[la.Waterfall], stage: str) -> float:
+    return statistics.median(wf.attribution()[stage] for wf in wfs)
+
+
+def _check(wf: la.Waterfall) -> la.Waterfall:
+    assert_exact(wf)
+    return wf
+
+
+@pytest.fixture(scope="module")
+def h2_tls(server_pem: Path) -> Iterator[SubprocessH2LLMServer]:
+    server = H2LLMServer(
+        ssl=TestCA().server_context(), header_delay=HEADER_DELAY, prefill=PREFILL, decode=DECODE
+    )
+    with server.run_in_subprocess(tls_pem=str(server_pem)) as running:
+        yield running
+
+
+async def test_alpn_h2_and_injected_delays(h2_tls: SubprocessH2LLMServer, ca: TestCA) -> None:
+    async with la.Client(h2_tls.url, ssl=ca.client_context()) as client:
+        wfs = [
+            _check(await client.request("/v1/chat/completions", json=_body(tokens=TOKENS)))
+            for _ in range(20)
+        ]
+        # the same requests without the header delay: what wait is made of besides it (the
+        # server's own request handling, ~0.3-0.6 ms for this pure-Python h2 server)
+        base = [
+            _check(await client.request("/v1/chat/completions", json=_body(header_delay=0.0)))
+            for _ in range(20)
+        ]
+    first, rest = wfs[0], wfs[1:]
+    assert all(wf.ok and wf.http_version == "2" for wf in wfs), [wf.error for wf in wfs]
+    assert first.tls is not None and first.tls.alpn == "h2"
+    assert {"connect", "tls", "h2_setup"} <= set(first.stages)
+    assert first.stages["h2_setup"].attributes["max_concurrent_streams"] == 100
+    assert "settings_ack_ms" in first.attributes
+    assert not any({"dns", "connect", "tls", "h2_setup"} & set(wf.stages) for wf in rest)
+    recovered = _median(wfs, "wait") - _median(base, "wait")
+    assert abs(recovered - HEADER_DELAY) <= tolerance(HEADER_DELAY)
+    assert _median(base, "wait") < 0.002
+    assert abs(_median(wfs, "first_token") - PREFILL) <= tolerance(PREFILL)
+    decode = (TOKENS - 1) * DECODE
+    assert abs(_median(wfs, "decode") - decode) <= tolerance(decode)
+    assert abs(statistics.median(wf.tpot or 0 for wf in wfs) - DECODE) <= 0.0003
+    assert first.output_tokens == TOKENS and first.output_tokens_source == "usage"
+
+
+async def test_fifty_concurrent_streams_share_one_connection() -> None:
+    async with H2LLMServer(prefill=0.03, tokens=4) as server:
+        async with la.Client(server.url, http2=True) as client:
+            wfs = await asyncio.gather(
+                *(client.request("/v1/chat/completions", json=_body()) for _ in range(50))
+            )
+    assert all(_check(wf).ok for wf in wfs), {wf.error for wf in wfs}
+    openers = [wf for wf in wfs if "h2_setup" in wf.stages]
+    assert len(openers) == 1 and "connect" in openers[0].stages
+    assert sum("connect" in wf.stages for wf in wfs) == 1
+    assert server.connections == 1 and len({wf.connection.connection_id for wf in wfs}) == 1
+
+
+async def test_max_concurrent_streams_queue_shows_as_pool_wait() -> None:
+    """4 slots, 12 requests of ~40 ms: the 2nd wave waits one service time, the 3rd two."""
+    async with H2LLMServer(max_concurrent_streams=4, prefill=0.04, tokens=1) as server:
+        async with la.Client(server.url, http2=True) as client:
+            first = _check(await client.request("/v1/chat/completions", json=_body()))
+            service = first.e2e - first.attribution()["other"]
+            wfs = await asyncio.gather(
+                *(client.request("/v1/chat/completions", json=_body()) for _ in range(12))
+            )
+    assert all(_check(wf).ok for wf in wfs)
+    waits = sorted(wf.attribution()["pool_wait"] for wf in wfs)
+    waves = [statistics.median(waits[i : i + 4]) for i in (0, 4, 8)]
+    assert waves[0] < 0.002
+    assert waves[1] == pytest.approx(service, abs=0.005)
+    assert waves[2] == pytest.approx(2 * service, abs=0.008)
+
+
+async def test_server_that_refuses_h2_gets_http11_when_preferred(ca: TestCA) -> None:
+    async with LLMServer(ssl=ca.server_context(alpn=("http/1.1",))) as server:
+        async with la.Client(server.url, ssl=ca.client_context()) as client:
+            wfs = [
+                _check(await client.request("/v1/chat/completions", json=_body())) for _ in range(2)
+            ]
+    assert [wf.http_version for wf in wfs] == ["1.1", "1.1"]
+    assert wfs[0].tls is not None and wfs[0].tls.alpn == "http/1.1"
+    assert wfs[1].connection.reused
+
+
+async def test_h2_required_but_refused_names_what_the_server_chose(ca: TestCA) -> None:
+    async with LLMServer(ssl=ca.server_context(alpn=("http/1.1",))) as server:
+        wf = _check(await la.aprobe(f"{server.url}/health", ssl=ca.client_context(), http2=True))
+    assert wf.error_type == "alpn" and "HTTP/2 required" in (wf.error or "")
+    assert "no protocol" in (wf.error or "") or "http/1.1" in (wf.error or "")
+    assert "tls" in wf.stages
+
+
+async def test_rst_stream_ends_only_its_stream() -> None:
+    async with H2LLMServer(decode=0.002, tokens=10) as server:
+        async with la.Client(server.url, http2=True) as client:
+            reset, ok = await asyncio.gather(
+                client.request(
+                    "/v1/chat/completions", json=_body(h2_fault="rst_stream", fault_after=3)
+                ),
+                client.request("/v1/chat/completions", json=_body()),
+            )
+    assert _check(reset).error_type == "reset" and "RST_STREAM" in (reset.error or "")
+    assert len(reset.chunk_times_ns) == 3
+    assert _check(ok).ok and ok.output_tokens == 10
+    assert server.connections == 1
+
+
+async def test_goaway_refuses_later_streams_and_the_client_reconnects() -> None:
+    async with H2LLMServer(decode=0.01, tokens=6) as server:
+        async with la.Client(server.url, http2=True) as client:
+            trigger = asyncio.create_task(
+                client.request("/v1/chat/completions", json=_body(h2_fault="goaway", fault_after=2))
+            )
+            await asyncio.sleep(0.005)  # the trigger's stream is open first (lower stream id)
+            later = asyncio.create_task(client.request("/v1/chat/completions", json=_body()))
+            done, refused = await trigger, await later
+            after = await client.request("/v1/chat/completions", json=_body())
+    assert _check(done).ok and done.output_tokens == 6
+    assert _check(refused).error_type == "goaway" and "GOAWAY" in (refused.error or "")
+    assert _check(after).ok and "h2_setup" in after.stages  # a new connection
+    assert server.connections == 2
+
+
+async def test_connection_closed_during_a_stream() -> None:
+    async with H2LLMServer(decode=0.002, tokens=10) as server:
+        async with la.Client(server.url, http2=True) as client:
+            wf = await client.request(
+                "/v1/chat/completions", json=_body(h2_fault="close", fault_after=4)
+            )
+            again = await client.request("/v1/chat/completions", json=_body())
+    assert _check(wf).error_type == "reset" and len(wf.chunk_times_ns) == 4
+    assert "decode" in wf.stages
+    assert _check(again).ok and server.connections == 2
+
+
+async def test_flow_control_large_body_and_long_stream() -> None:
+    """A 2 MB prompt (32 windows of 64 KiB) and a 400 KB stream neither stall nor lose bytes."""
+    body = _body(tokens=3000)
+    body["messages"] = [{"role": "user", "content": "word " * 400_000}]
+    async with H2LLMServer() as server:
+        async with la.Client(server.url, http2=True, timeout=20) as client:
+            wf = _check(await client.request("/v1/chat/completions", json=body))
+    assert wf.ok and wf.output_tokens == 3000
+    assert server.records[-1].body_bytes > 2_000_000
+    assert wf.stages["send"].end_ns <= wf.stages["wait"].end_ns
+
+
+# -- a real HTTP/2 server: nginx ----------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _need(binary: str) -> str:
+    path = shutil.which(binary)
+    if path is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{binary} is required in CI (.ci/run installs it)")
+        pytest.skip(f"{binary} is not installed (apt-get install nginx-light curl)")
+    return path
+
+
+@pytest.fixture
+def nginx(tmp_path: Path, server_pem: Path) -> Iterator[str]:
+    """nginx 1.22 terminating TLS + HTTP/2 in front of the HTTP/1.1 test server."""
+    binary = _need("nginx")
+    with LLMServer(prefill=0.01, tokens=4).run_in_thread() as upstream:
+        port = _free_port()
+        conf = tmp_path / "nginx.conf"
+        conf.write_text(
+            f"""
+            daemon off; master_process off; pid {tmp_path}/nginx.pid;
+            error_log {tmp_path}/error.log warn;
+            events {{}}
+            http {{
+              access_log off;
+              client_body_temp_path {tmp_path}/body; proxy_temp_path {tmp_path}/proxy;
+              fastcgi_temp_path {tmp_path}/fcgi; uwsgi_temp_path {tmp_path}/uwsgi;
+              scgi_temp_path {tmp_path}/scgi;
+              server {{
+                listen 127.0.0.1:{port} ssl http2; ssl_protocols TLSv1.2 TLSv1.3;
+                ssl_certificate {server_pem}; ssl_certificate_key {server_pem};
+                location / {{
+                  proxy_pass http://127.0.0.1:{upstream.port};
+                  proxy_http_version 1.1; proxy_set_header Connection "";
+                  proxy_buffering off;
+                }}
+              }}
+            }}
+            """
+        )
+        proc = subprocess.Popen([binary, "-p", str(tmp_path), "-c", str(conf)])
+        try:
+            _wait_for_port(port, proc)
+            yield f"https://localhost:{port}"
+        finally:
+            proc.terminate()
+            proc.wait(5)
+
+
+def _wait_for_port(port: int, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "nginx exited at start"
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.02)
+    raise AssertionError("nginx did not start listening")
+
+
+def _curl_setup_time(curl: str, port: int, cafile: Path) -> tuple[float, set[str]]:
+    """curl's ``time_appconnect - time_namelookup`` for a cold connection in a warm process.
+
+    Each curl run opens two connections (``localhost`` and ``127.0.0.1`` are two hosts to it)
+    and only the second counts: a fresh curl process spends ~1.5 ms on one-time TLS library
+    set-up inside its first handshake, which our long-lived client paid long before.
+    """
+    fmt = "%{time_namelookup} %{time_appconnect} %{http_version}\n"
+    args = [curl, "--http2", "-s", "--cacert", str(cafile), "-w", fmt]
+    for host in ("localhost", "127.0.0.1"):
+        args += ["-o", "/dev/null", f"https://{host}:{port}/health"]
+    out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
+    lines = [line.split() for line in out.splitlines() if line.strip()]
+    return float(lines[1][1]) - float(lines[1][0]), {line[2] for line in lines}
+
+
+async def test_nginx_http2_and_curl_agree(nginx: str, ca: TestCA, tmp_path: Path) -> None:
+    """Alternating curl and our client, 20 cold connections each, so drift hits both alike."""
+    curl, cafile = _need("curl"), ca.ca_pem_path(tmp_path)
+    port = int(nginx.rsplit(":", 1)[1])
+    url = f"{nginx}/v1/chat/completions"
+    ours: list[la.Waterfall] = []
+    curl_times: list[float] = []
+    curl_versions: set[str] = set()
+    for _ in range(20):
+        async with la.Client(ssl=ca.client_context()) as client:
+            ours.append(_check(await client.request(url, json=_body())))
+        took, versions = _curl_setup_time(curl, port, cafile)
+        curl_times.append(took)
+        curl_versions |= versions
+    assert all(wf.ok and wf.http_version == "2" for wf in ours), [wf.error for wf in ours]
+    assert all(wf.output_tokens == 4 and wf.tls and wf.tls.alpn == "h2" for wf in ours)
+    assert all(wf.tls and wf.tls.version == "TLSv1.3" for wf in ours)
+    assert curl_versions == {"2"}  # curl spells it "2", as our http_version does
+    setup = statistics.median(wf.attribution()["connect"] + wf.attribution()["tls"] for wf in ours)
+    assert abs(setup - statistics.median(curl_times)) <= 0.0005, (setup, curl_times)
