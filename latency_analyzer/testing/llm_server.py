@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import ssl as ssl_module
@@ -25,7 +26,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -164,6 +165,7 @@ class RequestRecord:
         prompt_tokens: whitespace-separated words in the prompt (at least 1).
         slot_wait_ns: time spent waiting for a free slot (``LLMServer(slots=N)``) before
             ``received_ns``, which then marks the start of service.
+        server_timing: the ``Server-Timing`` header sent (``LLMServer(server_timing=True)``).
     """
 
     path: str
@@ -178,6 +180,7 @@ class RequestRecord:
     end_ns: int
     prompt_tokens: int
     slot_wait_ns: int = 0
+    server_timing: str | None = None
 
     @property
     def first_token_ns(self) -> int | None:
@@ -221,6 +224,8 @@ class _Recorder:
     sink: list[RequestRecord] = field(default_factory=list)
     published: bool = False
     slot_wait_ns: int = 0
+    server_timing: str | None = None
+    on_publish: Callable[[RequestRecord], None] | None = None
 
     def publish(self) -> None:
         """Freeze the record (``end_ns`` = now) into ``sink``, once.
@@ -230,7 +235,10 @@ class _Recorder:
         """
         if not self.published:
             self.published = True
-            self.sink.append(self.freeze())
+            record = self.freeze()
+            self.sink.append(record)
+            if self.on_publish is not None:
+                self.on_publish(record)
 
     def freeze(self) -> RequestRecord:
         return RequestRecord(
@@ -246,10 +254,11 @@ class _Recorder:
             end_ns=time.perf_counter_ns(),
             prompt_tokens=self.prompt_tokens,
             slot_wait_ns=self.slot_wait_ns,
+            server_timing=self.server_timing,
         )
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Exchange:
     """One parsed request: what to send and when."""
 
@@ -260,6 +269,7 @@ class _Exchange:
     recorder: _Recorder
     request_id: str
     created: int
+    server_timing: bool = False
 
     @property
     def model(self) -> str:
@@ -418,7 +428,110 @@ def _close(request: web.BaseRequest) -> None:
         request.transport.close()
 
 
+# --- OpenTelemetry spans in vLLM's schema ------------------------------------------------
+
+_ANCHOR_READS = 9
+
+
+def _epoch_anchor() -> tuple[int, int]:
+    """(perf_counter_ns, time_ns) read together; the tightest of a few brackets."""
+    best: tuple[int, int, int] | None = None
+    for _ in range(_ANCHOR_READS):
+        before, epoch, after = time.perf_counter_ns(), time.time_ns(), time.perf_counter_ns()
+        if best is None or after - before < best[2]:
+            best = (before + (after - before) // 2, epoch, after - before)
+    assert best is not None
+    return best[0], best[1]
+
+
+class _SpanEmitter:
+    """One vLLM v1 ``llm_request`` SERVER span per finished request, exported for real.
+
+    Spans go through the OpenTelemetry SDK (a private ``TracerProvider``, never the global one),
+    a ``BatchSpanProcessor`` and the OTLP/HTTP protobuf exporter with gzip, so whatever
+    receives them sees what a vLLM started with ``--otlp-traces-endpoint`` would send. The
+    span's clock is this process's wall clock plus ``clock_skew`` seconds (a server whose clock
+    is wrong); its parent is the request's ``traceparent``.
+    """
+
+    def __init__(self, endpoint: str, clock_skew: float, batch_delay: float) -> None:
+        from opentelemetry.exporter.otlp.proto.http import Compression
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+        resource = Resource.create({"service.name": "latency-analyzer-testbed"})
+        self._provider = TracerProvider(resource=resource)
+        exporter = OTLPSpanExporter(endpoint=endpoint, compression=Compression.Gzip, timeout=5)
+        delay_ms = max(1, round(batch_delay * 1000))
+        self._provider.add_span_processor(
+            BatchSpanProcessor(exporter, schedule_delay_millis=delay_ms)
+        )
+        self._tracer = self._provider.get_tracer("vllm.tracing.otel")  # vLLM's scope name
+        perf, epoch = _epoch_anchor()
+        self._shift = epoch - perf + round(clock_skew * 1e9)
+
+    def epoch_ns(self, perf_ns: int) -> int:
+        """A ``perf_counter_ns`` instant on the span clock (wall clock + skew)."""
+        return perf_ns + self._shift
+
+    def emit(self, headers: Mapping[str, str], request_id: str, record: RequestRecord) -> None:
+        """Start and end the request's span (ends now; the exporter sends it later)."""
+        first = record.first_token_ns
+        if first is None or not record.chunk_ns:
+            return  # vLLM traces finished requests that produced tokens
+        from opentelemetry.trace import SpanKind
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        parent = TraceContextTextMapPropagator().extract(headers)
+        span = self._tracer.start_span(
+            "llm_request",
+            context=parent,
+            kind=SpanKind.SERVER,
+            start_time=self.epoch_ns(record.received_ns),
+        )
+        span.set_attributes(_vllm_attributes(record, request_id))
+        span.end(end_time=self.epoch_ns(time.perf_counter_ns()))
+
+    def shutdown(self) -> None:
+        """Export what is pending, then stop."""
+        self._provider.shutdown()
+
+
+def _vllm_attributes(record: RequestRecord, request_id: str) -> dict[str, Any]:
+    """vLLM v1's ``gen_ai.latency.*`` attributes (float seconds) from the ground truth.
+
+    The queue runs from the headers deadline for ``queue`` seconds; prefill from there to the
+    first token; decode from the first to the last token (vLLM: last − first token time).
+    """
+    b, start = record.behavior, record.received_ns
+    first, last = record.chunk_ns[0], record.chunk_ns[-1]
+    queued = deadline_after(start, b.header_delay)
+    scheduled = deadline_after(queued, b.queue)
+    return {
+        "gen_ai.latency.time_in_queue": (scheduled - queued) / 1e9,
+        "gen_ai.latency.time_to_first_token": (first - start) / 1e9,
+        "gen_ai.latency.time_in_model_prefill": (first - scheduled) / 1e9,
+        "gen_ai.latency.time_in_model_decode": (last - first) / 1e9,
+        "gen_ai.latency.time_in_model_inference": (last - scheduled) / 1e9,
+        "gen_ai.latency.e2e": (record.end_ns - start) / 1e9,
+        "gen_ai.usage.prompt_tokens": record.prompt_tokens,
+        "gen_ai.usage.completion_tokens": record.output_tokens,
+        "gen_ai.request.id": request_id,
+        "gen_ai.request.max_tokens": b.tokens,
+    }
+
+
+def _server_timing(parts: list[tuple[str, int]]) -> str:
+    """A ``Server-Timing`` value: ``name;dur=<ms>`` entries, in order."""
+    return ", ".join(f"{name};dur={ns / 1e6:.3f}" for name, ns in parts)
+
+
 # --- the server ----------------------------------------------------------------------
+
+
+_OTEL_OPTIONS = ("otlp_endpoint", "clock_skew", "otlp_batch_delay", "server_timing")
 
 
 class LLMServer(Service):
@@ -446,6 +559,16 @@ class LLMServer(Service):
         ssl: server-side context for HTTPS (see :class:`~latency_analyzer.testing.TestCA`).
         host: loopback address to bind ("127.0.0.1" or "::1").
         port: port to bind; leave 0 to let the OS pick.
+        otlp_endpoint: when set (``http://127.0.0.1:PORT/v1/traces``), every request that
+            produced tokens is traced as vLLM v1 traces it: one ``llm_request`` SERVER span,
+            child of the request's ``traceparent``, with ``gen_ai.latency.*`` attributes,
+            exported over OTLP/HTTP (protobuf, gzip) through the OpenTelemetry SDK. Needs
+            ``opentelemetry-sdk`` and ``opentelemetry-exporter-otlp-proto-http``.
+        clock_skew: seconds added to the span clock (a server whose wall clock is off).
+        otlp_batch_delay: the span processor's export delay, in seconds.
+        server_timing: send a ``Server-Timing`` header: a non-streamed response names
+            ``preprocess`` (header_delay), ``server_queue``, ``prefill`` and ``decode``; a
+            streamed one, whose headers leave before any of it happened, only ``preprocess``.
         slots: requests served at once (0: no limit). Requests beyond it wait for a slot, in
             arrival order, before their own timeline (header_delay, queue, ...) starts: a
             server with one worker and a deterministic service time is an M/D/1 queue.
@@ -482,10 +605,21 @@ class LLMServer(Service):
         host: str = "127.0.0.1",
         port: int = 0,
         slots: int = 0,
+        otlp_endpoint: str | None = None,
+        clock_skew: float = 0.0,
+        otlp_batch_delay: float = 0.05,
+        server_timing: bool = False,
     ) -> None:
         knobs = dict(locals())
-        for name in ("self", "ssl", "host", "port", "slots"):
+        for name in ("self", "ssl", "host", "port", "slots", *_OTEL_OPTIONS):
             del knobs[name]
+        self.otel: dict[str, Any] = {
+            "otlp_endpoint": otlp_endpoint,
+            "clock_skew": clock_skew,
+            "otlp_batch_delay": otlp_batch_delay,
+            "server_timing": server_timing,
+        }
+        self._emitter: _SpanEmitter | None = None
         if slots < 0:
             raise ValueError("slots must be >= 0 (0: no limit)")
         self.slots = slots
@@ -528,6 +662,11 @@ class LLMServer(Service):
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
         self._slot_free = asyncio.Semaphore(self.slots) if self.slots else None
+        endpoint = self.otel["otlp_endpoint"]
+        if endpoint is not None:
+            self._emitter = _SpanEmitter(
+                endpoint, self.otel["clock_skew"], self.otel["otlp_batch_delay"]
+            )
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=_SHUTDOWN_TIMEOUT_S)
         await self._runner.setup()
         self._stopping = asyncio.Event()
@@ -546,6 +685,9 @@ class LLMServer(Service):
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self._emitter is not None:
+            emitter, self._emitter = self._emitter, None
+            await asyncio.get_running_loop().run_in_executor(None, emitter.shutdown)
 
     def run_in_subprocess(self, tls_pem: str | None = None) -> SubprocessLLMServer:
         """Return a sync context manager running this configuration in a child process.
@@ -559,6 +701,7 @@ class LLMServer(Service):
         config: dict[str, Any] = {"knobs": dataclasses.asdict(self.behavior), "host": self._host}
         config["slots"] = self.slots
         config["tls_pem"] = tls_pem
+        config["otel"] = dict(self.otel)
         return SubprocessLLMServer(config)
 
     def _new_connection(self) -> asyncio.BaseProtocol:
@@ -627,6 +770,10 @@ class LLMServer(Service):
         ex = _Exchange(
             request, chat, body, behavior, recorder, f"{prefix}-{self.requests}", int(time.time())
         )
+        ex.server_timing = bool(self.otel["server_timing"])
+        emitter = self._emitter
+        if emitter is not None:
+            recorder.on_publish = functools.partial(emitter.emit, request.headers, ex.request_id)
         if behavior.fault == "hang":
             return await self._hang(ex)
         if behavior.fault in ("close_before_headers", "http_error"):
@@ -647,9 +794,10 @@ async def _send_json(
     body: Mapping[str, Any],
     keepalive: bool = True,
     tokens: int = 0,
+    headers: Mapping[str, str] | None = None,
 ) -> web.StreamResponse:
     """Send a whole JSON response (``tokens`` output tokens) in one write, recording it."""
-    resp = web.json_response(body, status=status)
+    resp = web.json_response(body, status=status, headers=headers)
     if not keepalive:
         resp.force_close()
     sent_ns = time.perf_counter_ns()  # before the write: no byte can arrive earlier
@@ -689,7 +837,24 @@ async def _unary(ex: _Exchange) -> web.StreamResponse:
     if fault in ("truncate", "malformed"):
         return await _send_cut(ex, json.dumps(body).encode(), close=fault == "truncate")
     keepalive, tokens = ex.behavior.keepalive, ex.behavior.tokens
-    return await _send_json(ex.request, recorder, 200, body, keepalive, tokens)
+    headers = _unary_timing(ex) if ex.server_timing else None
+    return await _send_json(ex.request, recorder, 200, body, keepalive, tokens, headers)
+
+
+def _unary_timing(ex: _Exchange) -> dict[str, str]:
+    """Server-Timing of a whole response: header_delay, queue, prefill, then decode to now."""
+    b, start = ex.behavior, ex.recorder.received_ns
+    queued = deadline_after(start, b.header_delay)
+    scheduled = deadline_after(queued, b.queue)
+    first = deadline_after(scheduled, b.prefill)
+    parts = [
+        ("preprocess", queued - start),
+        ("server_queue", scheduled - queued),
+        ("prefill", first - scheduled),
+        ("decode", time.perf_counter_ns() - first),
+    ]
+    ex.recorder.server_timing = value = _server_timing(parts)
+    return {"Server-Timing": value}
 
 
 async def _send_cut(ex: _Exchange, data: bytes, close: bool) -> web.StreamResponse:
@@ -716,6 +881,9 @@ async def _stream(ex: _Exchange) -> web.StreamResponse:
         resp.force_close()
     await sleep_until(ex.headers_due)
     sent_ns = time.perf_counter_ns()  # before the write: no byte can arrive earlier
+    if ex.server_timing:
+        value = _server_timing([("preprocess", sent_ns - ex.recorder.received_ns)])
+        resp.headers["Server-Timing"] = ex.recorder.server_timing = value
     await resp.prepare(ex.request)
     ex.recorder.status, ex.recorder.headers_ns = 200, sent_ns
     if ex.behavior.role_chunk and ex.chat:
@@ -895,8 +1063,9 @@ async def _child_main(config: Mapping[str, Any]) -> None:
     tls_pem = config.get("tls_pem")
     context = server_context_from_pem(tls_pem) if tls_pem else None
     slots = int(config.get("slots", 0))
+    otel = config.get("otel", {})
     async with LLMServer(
-        ssl=context, host=config["host"], slots=slots, **config["knobs"]
+        ssl=context, host=config["host"], slots=slots, **config["knobs"], **otel
     ) as server:
         print(json.dumps({"port": server.port, "pid": os.getpid()}), flush=True)
         loop = asyncio.get_running_loop()

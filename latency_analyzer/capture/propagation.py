@@ -1,0 +1,96 @@
+"""W3C trace context on outgoing requests, through OpenTelemetry's TraceContext propagator.
+
+Every request gets a ``traceparent`` naming a fresh *client span* id. The server's spans carry
+that trace id and (for vLLM, SGLang, TGI) the client span id as their parent, which is how a
+waterfall finds its server spans later. A caller's own ``traceparent`` is kept as the parent::
+
+    ctx = inject(headers)          # headers gains "traceparent" (and keeps "tracestate")
+    ctx.trace_id, ctx.span_id      # 32 / 16 lowercase hex digits
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import MutableMapping
+from dataclasses import dataclass
+
+from opentelemetry import trace
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+__all__ = ["TraceContext", "inject"]
+
+_PROPAGATOR = TraceContextTextMapPropagator()
+_FIELDS = frozenset(f.lower() for f in _PROPAGATOR.fields)
+
+
+@dataclass(frozen=True, slots=True)
+class TraceContext:
+    """The ids one request was sent with.
+
+    Attributes:
+        trace_id: 32 lowercase hex digits.
+        span_id: the client span's id, 16 lowercase hex digits: the server's parent.
+        parent_span_id: the caller's span id when the caller sent its own ``traceparent``.
+        sampled: the ``sampled`` flag sent (servers with a parent-based sampler, vLLM's
+            default, record nothing when it is off).
+    """
+
+    trace_id: str
+    span_id: str
+    parent_span_id: str | None = None
+    sampled: bool = True
+
+    @property
+    def traceparent(self) -> str:
+        """The header value that was sent."""
+        return f"00-{self.trace_id}-{self.span_id}-{'01' if self.sampled else '00'}"
+
+
+def _new_span_id() -> int:
+    # Span ids need uniqueness, not secrecy (the OpenTelemetry SDK draws them the same way).
+    while not (span_id := random.getrandbits(64)):
+        pass
+    return span_id
+
+
+def _caller_context(headers: MutableMapping[str, str]) -> trace.SpanContext | None:
+    """The caller's own trace context, removed from ``headers`` (any header-name case)."""
+    carrier: dict[str, str] = {}
+    for name in [n for n in headers if n.lower() in _FIELDS]:
+        carrier[name.lower()] = headers.pop(name)
+    if "traceparent" not in carrier:
+        return None
+    parent = trace.get_current_span(_PROPAGATOR.extract(carrier)).get_span_context()
+    return parent if parent.is_valid else None
+
+
+def inject(headers: MutableMapping[str, str]) -> TraceContext:
+    """Add a W3C ``traceparent`` for a new client span to ``headers`` (in place).
+
+    A valid ``traceparent`` already in ``headers`` becomes the parent: the trace id, flags and
+    ``tracestate`` are kept and a new span id is sent. An invalid one is replaced by a new
+    trace, as the W3C recommendation says.
+
+    Args:
+        headers: request headers; modified in place.
+
+    Returns:
+        The ids sent, to record on the waterfall.
+    """
+    parent = _caller_context(headers)
+    if parent is None:
+        trace_id = random.getrandbits(128) or 1
+        flags, state = trace.TraceFlags(trace.TraceFlags.SAMPLED), trace.TraceState()
+    else:
+        trace_id, flags, state = parent.trace_id, parent.trace_flags, parent.trace_state
+    span_id = _new_span_id()
+    context = trace.SpanContext(
+        trace_id, span_id, is_remote=False, trace_flags=flags, trace_state=state
+    )
+    _PROPAGATOR.inject(headers, context=trace.set_span_in_context(trace.NonRecordingSpan(context)))
+    return TraceContext(
+        trace_id=f"{trace_id:032x}",
+        span_id=f"{span_id:016x}",
+        parent_span_id=None if parent is None else f"{parent.span_id:016x}",
+        sampled=flags.sampled,
+    )
