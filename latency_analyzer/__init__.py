@@ -9,8 +9,9 @@
     wf.ttft, wf.tpot, wf.itl, wf.output_tokens, wf.http_version, wf.error
 """
 
+from typing import TYPE_CHECKING, Any
+
 from ._version import __version__
-from .capture.client import Client, aprobe, probe
 from .errors import LatencyAnalyzerError, RequestError, UsageError
 from .timeline import (
     CLIENT_STAGES,
@@ -23,6 +24,22 @@ from .timeline import (
     TlsInfo,
     Waterfall,
 )
+
+if TYPE_CHECKING:
+    from .capture.client import Client, aprobe, probe
+
+_CLIENT_NAMES = frozenset({"Client", "aprobe", "probe"})
+
+
+def __getattr__(name: str) -> Any:
+    """The client (and aiohttp under it) loads on first use: the pytest plugin imports this
+    package in every pytest run of an environment that has it installed."""
+    if name in _CLIENT_NAMES:
+        from .capture import client
+
+        return getattr(client, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "CLIENT_STAGES",

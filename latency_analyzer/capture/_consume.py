@@ -6,6 +6,8 @@ HTTP/1.1 (aiohttp) and HTTP/2 (h2) both feed a ``ResponseConsumer``, so streamin
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from ._state import RequestState
 from .openai import (
     ChunkReceived,
@@ -19,7 +21,33 @@ from .openai import (
     parse_openai_body,
 )
 
-__all__ = ["ResponseConsumer"]
+__all__ = ["SERVER_HEADERS", "ResponseConsumer", "note_server_headers"]
+
+#: Response headers in which servers report their own timings; kept on the waterfall as
+#: ``attributes["http.<name>"]`` (``latency_analyzer.merge.merge_headers`` reads them).
+SERVER_HEADERS = frozenset(
+    {
+        "server-timing",
+        "x-queue-time",
+        "x-inference-time",
+        "x-validation-time",
+        "x-time-per-token",
+        "x-compute-time",
+        "x-prompt-tokens",
+        "x-generated-tokens",
+    }
+)
+
+
+def note_server_headers(state: RequestState, headers: Iterable[tuple[str, str]]) -> None:
+    """Keep the server-timing headers of a response (repeated ones joined with ``, ``)."""
+    attributes = state.recorder.attributes
+    for name, value in headers:
+        key = name.lower()
+        if key in SERVER_HEADERS:
+            previous = attributes.get(f"http.{key}")
+            attributes[f"http.{key}"] = f"{previous}, {value}" if previous else value
+
 
 _ERROR_BODY_CAP = 64 * 1024  # enough for any error message; the rest is read and dropped
 _JSON_BODY_CAP = 16 * 1024 * 1024

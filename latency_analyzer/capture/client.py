@@ -20,11 +20,12 @@ import aiohttp
 from .._version import __version__
 from ..errors import UsageError
 from ..timeline import ConnectionInfo, Recorder, Waterfall
-from ._consume import ResponseConsumer
+from ._consume import ResponseConsumer, note_server_headers
 from ._errors import classify
 from ._state import CURRENT, RequestState, TraceHook, now_ns
 from .connector import TimedConnector, TimedProtocol
 from .http2 import H2Connection, H2Pool, HandoffToHTTP2
+from .propagation import inject
 from .resolver import DnsResolver
 
 __all__ = ["Client", "aprobe", "probe", "redact_url"]
@@ -176,6 +177,12 @@ class Client:
             method, redact_url(full), start_ns=start, intended_start_ns=intended_start_ns
         )
         state = RequestState(recorder, self._trace)
+        sent = {**self._headers, **(headers or {})}
+        context = inject(sent)  # W3C traceparent: how server spans find this request
+        recorder.attributes.update({"trace_id": context.trace_id, "span_id": context.span_id})
+        if context.parent_span_id:
+            recorder.attributes["parent_span_id"] = context.parent_span_id
+        headers = sent
         token = CURRENT.set(state)
         try:
             await self._route(state, method, full, json, data, headers, limit)
@@ -298,6 +305,7 @@ class Client:
             rec.status = resp.status
             rec.http_version = _http_version(resp.version)
             proto: TimedProtocol = state.protocol
+            note_server_headers(state, resp.headers.items())
             consumer = ResponseConsumer(state, resp.status, resp.content_type, resp.reason or "")
             offset = 0
             async for data in resp.content.iter_any():

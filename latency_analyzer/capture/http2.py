@@ -32,7 +32,7 @@ import h2.events
 import h2.exceptions
 
 from ..timeline import TlsInfo
-from ._consume import ResponseConsumer
+from ._consume import ResponseConsumer, note_server_headers
 from ._state import RequestState, now_ns
 
 __all__ = ["H2Connection", "H2Pool", "HTTP2Refused", "HandoffToHTTP2"]
@@ -354,6 +354,9 @@ class H2Connection(asyncio.Protocol):
             backlog = {"backlog_at_headers": True} if self.backlog else {}
             stream.state.end("send", stream.last_write_ns or t, **_flow(stream), **backlog)
         rec.response_headers(t, status)
+        note_server_headers(
+            stream.state, ((k.decode("latin-1"), v.decode("latin-1")) for k, v in fields.items())
+        )
         content_type = fields.get(b"content-type", b"").split(b";")[0].strip().decode("latin-1")
         stream.consumer = ResponseConsumer(stream.state, status, content_type.lower())
 
