@@ -1,0 +1,468 @@
+"""WaterfallSet: many waterfalls as columns, streamed to JSONL, with percentiles and filters.
+
+::
+
+    with WaterfallSet(path="run.jsonl", meta={"scenario": ...}) as ws:
+        ws.add(wf, Tags(scenario="chat"))        # a row in memory + a line on disk (batched)
+    ws = WaterfallSet.load("run.jsonl")          # the same columns, rebuilt from the file
+    ws.percentiles("ttft")                       # {"p50": Estimate(s), ...} with 95% CIs
+    ws.filter(scenario="chat", cold=False).group_by("template")
+
+Statistics exclude warm-up rows and failed requests unless asked (``include_warmup``,
+``include_errors``); the rows stay in the set, marked.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import IO, TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..errors import UsageError
+from ..timeline import Waterfall
+from ._columns import CATEGORICAL, COUNT_METRICS, TIME_METRICS, Columns, Tags, row_of, stage_order
+from ._stats import PERCENTILES, Estimate, mean_ci, percentiles_ci
+
+if TYPE_CHECKING:
+    from ._summary import Summary
+
+__all__ = ["SET_SCHEMA", "WaterfallSet"]
+
+SET_SCHEMA = 1
+_GROUP_KEYS = (
+    *("scenario", "template", "status", "error_type", "http_version", "cold", "ok"),
+    *("worker", "step", "warmup", "prompt_tokens"),
+)
+
+
+def _p_key(p: float) -> str:
+    return f"p{p:g}"
+
+
+class WaterfallSet:
+    """Many waterfalls stored as columns; optionally streamed to a JSONL file as they come.
+
+    Args:
+        path: JSONL file to stream to (created/truncated); None keeps the set in memory only.
+        meta: run metadata (scenario definition, environment fingerprint) for the header line.
+        flush_every: rows buffered before a write + flush, so a crash loses at most this many.
+        fsync: also ``os.fsync`` at each flush (survives a machine crash, costs a disk sync).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        meta: Mapping[str, Any] | None = None,
+        flush_every: int = 256,
+        fsync: bool = False,
+    ) -> None:
+        self.meta: dict[str, Any] = dict(meta or {})
+        self.runs: list[dict[str, Any]] = [self.meta] if meta else []
+        self.path = None if path is None else Path(path)
+        self.damaged_lines = 0
+        self._cols = Columns()
+        self._lines: list[str] = []
+        self._flush_every = max(1, flush_every)
+        self._fsync = fsync
+        self._file: IO[str] | None = None
+        if self.path is not None:
+            self._file = self.path.open("w", encoding="utf-8")
+            self._write({"kind": "run", "schema": SET_SCHEMA, "meta": self.meta})
+
+    # -- building -------------------------------------------------------------------------
+    def add(self, wf: Waterfall, tags: Tags | None = None) -> None:
+        """Add one waterfall as a row (and a JSONL line, when streaming)."""
+        tags = tags or Tags()
+        self._cols.append(*row_of(wf, tags))
+        if self._file is not None:
+            line = {"kind": "wf", "tags": tags.to_dict(), "wf": wf.to_dict()}
+            self._lines.append(json.dumps(line, separators=(",", ":")))
+            if len(self._lines) >= self._flush_every:
+                self.flush()
+
+    def extend(self, wfs: Iterable[Waterfall], tags: Tags | None = None) -> None:
+        for wf in wfs:
+            self.add(wf, tags)
+
+    def note(self, kind: str, data: Mapping[str, Any]) -> None:
+        """Record run-level data (e.g. the end-of-run summary) in ``meta`` and the file."""
+        self.meta[kind] = dict(data)
+        if self._file is not None:
+            self._write({"kind": "note", "name": kind, "data": dict(data)})
+
+    def flush(self) -> None:
+        """Write buffered lines and flush them to the OS."""
+        if self._file is None:
+            return
+        if self._lines:
+            self._file.write("\n".join(self._lines) + "\n")
+            self._lines.clear()
+        self._file.flush()
+        if self._fsync:
+            os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        """Flush and close the file (the in-memory columns stay usable)."""
+        if self._file is not None:
+            self.flush()
+            self._file.close()
+            self._file = None
+
+    def __enter__(self) -> WaterfallSet:
+        return self
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def _write(self, obj: Mapping[str, Any]) -> None:
+        assert self._file is not None
+        self._file.write(json.dumps(obj, separators=(",", ":")) + "\n")
+        self._file.flush()
+
+    # -- loading and merging --------------------------------------------------------------
+    @classmethod
+    def load(cls, *paths: str | os.PathLike[str]) -> WaterfallSet:
+        """Rebuild a set from one or more JSONL files (several files merge, in order).
+
+        A damaged line (a run that crashed mid-write) is skipped and counted in
+        ``damaged_lines``; everything before it is kept.
+
+        Raises:
+            UsageError: a file is not a WaterfallSet file, or of an unknown schema.
+        """
+        parts = [cls._load_one(Path(p)) for p in paths]
+        return parts[0] if len(parts) == 1 else cls.merge(*parts)
+
+    @classmethod
+    def _load_one(cls, path: Path) -> WaterfallSet:
+        out = cls()
+        with path.open(encoding="utf-8") as f:
+            for number, line in enumerate(f):
+                try:
+                    obj = json.loads(line)
+                except ValueError:
+                    out.damaged_lines += 1
+                    continue
+                out._read_line(obj, number, path)
+        return out
+
+    def _read_line(self, obj: Mapping[str, Any], number: int, path: Path) -> None:
+        kind = obj.get("kind")
+        if number == 0 and (kind != "run" or obj.get("schema") != SET_SCHEMA):
+            raise UsageError(f"{path}: not a WaterfallSet file of schema {SET_SCHEMA}")
+        if kind == "run":
+            self.meta = dict(obj.get("meta", {}))
+            self.runs.append(self.meta)
+        elif kind == "note":
+            self.meta[obj["name"]] = obj["data"]
+        elif kind == "wf":
+            self._cols.append(*row_of(Waterfall.from_dict(obj["wf"]), Tags.from_dict(obj["tags"])))
+
+    @classmethod
+    def merge(cls, *sets: WaterfallSet) -> WaterfallSet:
+        """One set holding every row of ``sets`` (exact: raw columns are concatenated)."""
+        out = cls()
+        out._cols = Columns.concat([s._cols for s in sets])
+        out.runs = [run for s in sets for run in s.runs]
+        out.meta = dict(sets[0].meta) if sets else {}
+        out.damaged_lines = sum(s.damaged_lines for s in sets)
+        return out
+
+    def __add__(self, other: WaterfallSet) -> WaterfallSet:
+        return WaterfallSet.merge(self, other)
+
+    @classmethod
+    def _from_columns(cls, cols: Columns, like: WaterfallSet | None = None) -> WaterfallSet:
+        out = cls()
+        out._cols = cols
+        if like is not None:
+            out.meta, out.runs = like.meta, like.runs
+        return out
+
+    # -- columns --------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._cols)
+
+    def column(self, name: str) -> npt.NDArray[Any]:
+        """The raw column ``name``: a fixed column, ``"stage:<name>"`` or a categorical's codes."""
+        self._cols.pack()
+        try:
+            return self._cols.arrays[name]
+        except KeyError:
+            raise UsageError(f"no column {name!r}; have {sorted(self._cols.arrays)}") from None
+
+    def labels(self, name: str) -> list[str | None]:
+        """A categorical column (``error_type``, ``http_version``, ``scenario``, ``template``)."""
+        if name not in CATEGORICAL:
+            raise UsageError(f"{name!r} is not categorical; expected one of {CATEGORICAL}")
+        return self._cols.labelled(name)
+
+    @property
+    def stages(self) -> list[str]:
+        """Stage names that occur in the set, in path order."""
+        self._cols.pack()
+        return stage_order(self._cols.stages)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the columns."""
+        self._cols.pack()
+        return sum(a.nbytes for a in self._cols.arrays.values())
+
+    @property
+    def ok(self) -> npt.NDArray[np.bool_]:
+        return np.asarray(self.column("error_type") == 0, dtype=bool)  # code 0: label None
+
+    @property
+    def warmup(self) -> npt.NDArray[np.bool_]:
+        return np.asarray(self.column("warmup"), dtype=bool)
+
+    @property
+    def cold(self) -> npt.NDArray[np.bool_]:
+        return ~self.column("reused")
+
+    def elapsed_s(self) -> npt.NDArray[np.float64]:
+        """Each row's (intended) start in seconds since the earliest start in the set."""
+        epoch = self.column("epoch_ns")
+        if epoch.size == 0:
+            return np.zeros(0)
+        return np.asarray((epoch - epoch.min()) / 1e9, dtype=np.float64)
+
+    def values(
+        self,
+        name: str,
+        *,
+        include_warmup: bool = False,
+        include_errors: bool = False,
+        present_only: bool = False,
+    ) -> npt.NDArray[np.float64]:
+        """Values of a metric or stage, NaN-free: seconds for times, counts for tokens.
+
+        Args:
+            name: a metric (``e2e``, ``ttft``, ``tpot``, ``output_tokens``, ``input_tokens``)
+                or a stage (its exclusive time; 0 for a request that did not have the stage).
+            include_warmup: keep rows marked as warm-up.
+            include_errors: keep failed requests.
+            present_only: for a stage, only the requests that had it.
+
+        Raises:
+            UsageError: an unknown name.
+        """
+        keep = self._stats_mask(include_warmup, include_errors)
+        if name in TIME_METRICS:
+            vals = self.column(TIME_METRICS[name]).astype(np.float64) / 1e9
+        elif name in COUNT_METRICS:
+            raw = self.column(COUNT_METRICS[name])
+            vals, keep = raw.astype(np.float64), keep & (raw >= 0)
+        elif name in self._cols.stages:
+            vals = self.column(f"stage:{name}").astype(np.float64) / 1e9
+            if present_only:
+                bit = 1 << self._cols.stages.index(name)
+                keep = keep & (self.column("stage_mask") & bit).astype(bool)
+        elif name in ("schedule_lag", "pool_wait", "dns", "connect", "tls", "send", "wait"):
+            vals = np.zeros(len(self))  # a known stage that no request in the set had
+        else:
+            raise UsageError(f"unknown metric or stage {name!r}")
+        vals = vals[keep]
+        return vals[~np.isnan(vals)]
+
+    def _stats_mask(self, include_warmup: bool, include_errors: bool) -> npt.NDArray[np.bool_]:
+        keep = np.ones(len(self), dtype=bool)
+        if not include_warmup:
+            keep &= ~self.warmup
+        if not include_errors:
+            keep &= self.ok
+        return keep
+
+    # -- statistics -----------------------------------------------------------------------
+    def percentiles(
+        self,
+        name: str,
+        ps: Sequence[float] = PERCENTILES,
+        *,
+        confidence: float = 0.95,
+        resamples: int = 2000,
+        seed: int = 0,
+        **select: bool,
+    ) -> dict[str, Estimate]:
+        """``{"p50": Estimate, ...}`` for a metric or stage, with bootstrap CIs.
+
+        ``select`` takes ``values()``'s keyword arguments (``include_warmup`` ...).
+        """
+        vals = self.values(name, **select)
+        est = percentiles_ci(vals, ps, confidence=confidence, resamples=resamples, seed=seed)
+        return {_p_key(p): e for p, e in est.items()}
+
+    def mean(
+        self, name: str, *, confidence: float = 0.95, seed: int = 0, **select: bool
+    ) -> Estimate:
+        """Mean of a metric or stage with a bootstrap CI."""
+        return mean_ci(self.values(name, **select), confidence=confidence, seed=seed)
+
+    def metric_names(self) -> list[str]:
+        """Metrics and stages with at least one value, metrics first, stages in path order."""
+        names = [m for m in TIME_METRICS if np.isfinite(self.column(TIME_METRICS[m])).any()]
+        return names + self.stages
+
+    def counts(self) -> dict[str, Any]:
+        """Requests in total, ok, failed by error type, and warm-up rows."""
+        err = self.labels("error_type")
+        by_type: dict[str, int] = {}
+        for e in err:
+            if e is not None:
+                by_type[e] = by_type.get(e, 0) + 1
+        return {
+            "requests": len(self),
+            "ok": int(self.ok.sum()),
+            "errors": sum(by_type.values()),
+            "errors_by_type": by_type,
+            "warmup": int(self.warmup.sum()),
+        }
+
+    def throughput(self, *, include_warmup: bool = False) -> dict[str, float]:
+        """Completed ok requests and output tokens per second over the set's span."""
+        keep = self._stats_mask(include_warmup, include_errors=False)
+        start = self.column("epoch_ns")[keep]
+        if start.size == 0:
+            return {"requests_per_s": math.nan, "output_tokens_per_s": math.nan, "span_s": 0.0}
+        end = start + self.column("e2e_ns")[keep]
+        span = float(end.max() - start.min()) / 1e9
+        tokens = self.column("output_tokens")[keep]
+        total_tokens = float(tokens[tokens > 0].sum())
+
+        def rate(x: float) -> float:
+            return x / span if span > 0 else math.nan
+
+        return {
+            "requests_per_s": rate(float(start.size)),
+            "output_tokens_per_s": rate(total_tokens),
+            "span_s": span,
+        }
+
+    def summary(self, **kwargs: Any) -> Summary:
+        """Percentiles with CIs for every metric and stage, counts and throughput."""
+        from ._summary import Summary
+
+        return Summary.of(self, **kwargs)
+
+    # -- selecting ------------------------------------------------------------------------
+    def where(self, mask: npt.NDArray[np.bool_]) -> WaterfallSet:
+        """The rows where ``mask`` is True, as a new (in-memory) set."""
+        if mask.shape != (len(self),):
+            raise UsageError(f"mask has shape {mask.shape}, the set has {len(self)} rows")
+        return WaterfallSet._from_columns(self._cols.take(mask), like=self)
+
+    def filter(
+        self,
+        *,
+        scenario: str | None = None,
+        template: str | None = None,
+        status: int | None = None,
+        ok: bool | None = None,
+        error_type: str | None = None,
+        cold: bool | None = None,
+        http_version: str | None = None,
+        warmup: bool | None = None,
+        worker: int | None = None,
+        step: int | None = None,
+        window: tuple[float, float] | None = None,
+    ) -> WaterfallSet:
+        """Rows matching every given criterion.
+
+        ``window=(t0, t1)``: requests whose (intended) start lies in [t0, t1) seconds after
+        the set's first start.
+        """
+        mask = np.ones(len(self), dtype=bool)
+        for name, want in (
+            ("scenario", scenario),
+            ("template", template),
+            ("error_type", error_type),
+            ("http_version", http_version),
+        ):
+            if want is not None:
+                mask &= np.array([v == want for v in self.labels(name)], dtype=bool)
+        for name, num in (("status", status), ("worker", worker), ("step", step)):
+            if num is not None:
+                mask &= self.column(name) == num
+        for flag, col in ((ok, self.ok), (cold, self.cold), (warmup, self.warmup)):
+            if flag is not None:
+                mask &= col == flag
+        if window is not None:
+            t = self.elapsed_s()
+            mask &= (t >= window[0]) & (t < window[1])
+        return self.where(mask)
+
+    def group_by(self, key: str, *, bins: Sequence[float] | None = None) -> dict[Any, WaterfallSet]:
+        """Split by a tag or column: ``scenario``, ``template``, ``status``, ``error_type``,
+        ``http_version``, ``cold``, ``ok``, ``worker``, ``step``, ``warmup``, ``prompt_tokens``.
+
+        Args:
+            key: what to group by.
+            bins: upper bucket edges for a numeric key (e.g. ``prompt_tokens``): a row with
+                value v joins the first bucket whose edge is >= v; the label is
+                ``"(lo, hi]"``. Values above the last edge form a last ``"> hi"`` bucket.
+        """
+        if key not in _GROUP_KEYS:
+            raise UsageError(f"cannot group by {key!r}; expected one of {_GROUP_KEYS}")
+        keys = self._group_values(key, bins)
+        groups: dict[Any, list[int]] = {}
+        for i, k in enumerate(keys):
+            groups.setdefault(k, []).append(i)
+        return {k: self.where(_mask(len(self), idx)) for k, idx in groups.items()}
+
+    def _group_values(self, key: str, bins: Sequence[float] | None) -> list[Any]:
+        if key in CATEGORICAL:
+            return list(self.labels(key))
+        col = {"cold": self.cold, "ok": self.ok}.get(key)
+        col = self.column(key) if col is None else col
+        if bins is None:
+            return [v.item() for v in col]
+        edges = list(bins)
+        where = np.searchsorted(np.asarray(edges), col, side="left")
+        labels = [f"({lo:g}, {hi:g}]" for lo, hi in zip([0.0, *edges[:-1]], edges, strict=True)]
+        labels.append(f"> {edges[-1]:g}")
+        return [labels[i] for i in where]
+
+    def trim_warmup(
+        self, *, count: int | None = None, seconds: float | None = None
+    ) -> WaterfallSet:
+        """A copy whose first ``count`` requests, or those starting within the first
+        ``seconds``, are marked warm-up (per sweep step): kept, but out of the statistics."""
+        cols = self._cols.take(np.arange(len(self)))
+        warm = cols.arrays["warmup"].copy()
+        epoch, step = cols.arrays["epoch_ns"], cols.arrays["step"]
+        for s in np.unique(step):
+            rows = np.flatnonzero(step == s)
+            order = rows[np.argsort(epoch[rows], kind="stable")]
+            if count:
+                warm[order[:count]] = True
+            if seconds:
+                t0 = epoch[order[0]]
+                warm[rows[epoch[rows] < t0 + round(seconds * 1e9)]] = True
+        cols.arrays["warmup"] = warm
+        return WaterfallSet._from_columns(cols, like=self)
+
+    def __iter__(self) -> Iterator[int]:  # pragma: no cover - guard against misuse
+        raise TypeError("a WaterfallSet holds columns, not waterfalls: use WaterfallSet.load")
+
+    def __repr__(self) -> str:
+        c = self.counts()
+        return (
+            f"<WaterfallSet {c['requests']} requests, {c['errors']} errors, {c['warmup']} warm-up>"
+        )
+
+
+def _mask(n: int, idx: list[int]) -> npt.NDArray[np.bool_]:
+    m = np.zeros(n, dtype=bool)
+    m[idx] = True
+    return m

@@ -1,0 +1,291 @@
+"""Percentiles with bootstrap confidence intervals, and a mergeable log histogram.
+
+Percentiles use the nearest-rank definition (numpy's ``inverted_cdf``, HdrHistogram's): P(p) of
+``n`` values is the ``ceil(p/100 · n)``-th smallest, so every reported value was observed.
+
+The bootstrap of such an order statistic needs no resampling of the data. In a resample of
+``n`` draws from the sorted sample, the k-th smallest is ``x[ceil(n · U) - 1]`` where
+``U ~ Beta(k, n - k + 1)`` (the k-th order statistic of n uniforms). So ``resamples`` Beta draws
+give the exact bootstrap distribution of the percentile in O(resamples), whatever ``n`` is, and
+its percentile-method interval needs only two more order statistics.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from ..errors import UsageError
+
+__all__ = [
+    "PERCENTILES",
+    "Estimate",
+    "LogHistogram",
+    "bootstrap_indices",
+    "interval",
+    "mean_ci",
+    "mean_samples",
+    "order_stats",
+    "percentile",
+    "percentile_ci",
+    "percentile_samples",
+    "percentiles_ci",
+]
+
+#: The percentiles every summary reports.
+PERCENTILES: tuple[float, ...] = (50.0, 90.0, 95.0, 99.0, 99.9)
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """A statistic with its confidence interval.
+
+    Attributes:
+        value: the point estimate (NaN when there were no values).
+        low, high: the interval's bounds (NaN without values).
+        n: values it was computed from.
+        confidence: nominal coverage of ``[low, high]``, e.g. 0.95.
+    """
+
+    value: float
+    low: float
+    high: float
+    n: int
+    confidence: float = 0.95
+
+    def scaled(self, factor: float) -> Estimate:
+        """The same estimate in other units (e.g. ``1e-9`` for ns → s)."""
+        return Estimate(
+            self.value * factor, self.low * factor, self.high * factor, self.n, self.confidence
+        )
+
+    def contains(self, x: float) -> bool:
+        return self.low <= x <= self.high
+
+    def format(self, spec: str = ".3g", unit: str = "") -> str:
+        """E.g. ``"5.7× [5.2, 6.1]"`` for ``format(".2g", "×")``."""
+        if math.isnan(self.value):
+            return "n/a"
+        return f"{self.value:{spec}}{unit} [{self.low:{spec}}, {self.high:{spec}}]"
+
+    def __str__(self) -> str:
+        return self.format()
+
+
+def _rank(p: float, n: int) -> int:
+    """0-based index of the nearest-rank P(p) among n sorted values."""
+    if not 0 <= p <= 100:
+        raise UsageError(f"percentile must be within [0, 100], got {p}")
+    return min(n - 1, max(0, math.ceil(p / 100 * n) - 1))
+
+
+def order_stats(values: npt.NDArray[np.generic], indices: IntArray) -> FloatArray:
+    """The order statistics of ``values`` at 0-based ``indices`` without a full sort.
+
+    One ``np.partition`` on the lowest and highest index, then a sort of the window between
+    them: O(n) plus the window, which for percentile bootstraps is a few thousand values.
+    """
+    n = len(values)
+    if n == 0:
+        return np.full(len(indices), np.nan)
+    wanted = np.unique(indices)
+    if len(wanted) <= 64:  # a few ranks: one multi-kth partition puts each one in place
+        return np.partition(values, wanted)[indices].astype(np.float64)
+    lo, hi = int(wanted[0]), int(wanted[-1])
+    part = np.partition(values, (lo, hi)) if hi > lo else np.partition(values, lo)
+    window = np.sort(part[lo : hi + 1])
+    return window[indices - lo].astype(np.float64)
+
+
+def percentile(values: npt.ArrayLike, p: float) -> float:
+    """Nearest-rank P(p) of ``values`` (NaN when empty)."""
+    arr = np.asarray(values)
+    if arr.size == 0:
+        return math.nan
+    return float(order_stats(arr, np.array([_rank(p, arr.size)]))[0])
+
+
+def bootstrap_indices(n: int, p: float, resamples: int, rng: np.random.Generator) -> IntArray:
+    """0-based indices of P(p) in ``resamples`` bootstrap resamples of n sorted values."""
+    k = _rank(p, n) + 1
+    u = rng.beta(k, n - k + 1, size=resamples)
+    return np.clip(np.ceil(u * n).astype(np.int64) - 1, 0, n - 1)
+
+
+def percentile_samples(
+    values: npt.ArrayLike, p: float, resamples: int = 2000, seed: int | np.random.Generator = 0
+) -> FloatArray:
+    """The bootstrap distribution of P(p): one value per resample (for ratios and sums)."""
+    arr = np.asarray(values)
+    if arr.size == 0:
+        return np.full(resamples, np.nan)
+    rng = np.random.default_rng(seed)
+    return order_stats(arr, bootstrap_indices(arr.size, p, resamples, rng))
+
+
+def percentiles_ci(
+    values: npt.ArrayLike,
+    ps: Sequence[float] = PERCENTILES,
+    *,
+    confidence: float = 0.95,
+    resamples: int = 2000,
+    seed: int | np.random.Generator = 0,
+) -> dict[float, Estimate]:
+    """``percentile_ci`` for several percentiles with one partition of the data."""
+    arr = np.asarray(values)
+    n = arr.size
+    if n == 0:
+        return {p: Estimate(math.nan, math.nan, math.nan, 0, confidence) for p in ps}
+    rng = np.random.default_rng(seed)
+    alpha = (1 - confidence) / 2
+    i_lo = math.floor(alpha * (resamples - 1))
+    i_hi = math.ceil((1 - alpha) * (resamples - 1))
+    ranks: list[int] = []
+    for p in ps:
+        boot = np.sort(bootstrap_indices(n, p, resamples, rng))
+        ranks += [_rank(p, n), int(boot[i_lo]), int(boot[i_hi])]
+    stats = order_stats(arr, np.array(ranks, dtype=np.int64))
+    return {
+        p: Estimate(
+            float(stats[3 * i]), float(stats[3 * i + 1]), float(stats[3 * i + 2]), n, confidence
+        )
+        for i, p in enumerate(ps)
+    }
+
+
+def percentile_ci(
+    values: npt.ArrayLike,
+    p: float,
+    *,
+    confidence: float = 0.95,
+    resamples: int = 2000,
+    seed: int | np.random.Generator = 0,
+) -> Estimate:
+    """Nearest-rank P(p) with a bootstrap percentile-method confidence interval.
+
+    Args:
+        values: the sample (any numeric array).
+        p: percentile in [0, 100].
+        confidence: nominal coverage of the interval.
+        resamples: bootstrap resamples (cheap: Beta draws, not data copies).
+        seed: seed or generator, so a report is reproducible.
+    """
+    return percentiles_ci(values, (p,), confidence=confidence, resamples=resamples, seed=seed)[p]
+
+
+def mean_samples(
+    values: npt.ArrayLike, resamples: int = 2000, seed: int | np.random.Generator = 0
+) -> FloatArray:
+    """Bootstrap distribution of the mean.
+
+    Small samples are resampled (vectorised, in blocks); above 20,000 values the normal
+    approximation N(mean, s²/n) is used, which the bootstrap converges to there anyway.
+    """
+    arr = np.asarray(values, dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    n = arr.size
+    if n == 0:
+        return np.full(resamples, np.nan)
+    if n > 20_000:
+        sd = float(arr.std(ddof=1)) / math.sqrt(n) if n > 1 else 0.0
+        return np.asarray(rng.normal(float(arr.mean()), sd, size=resamples), dtype=np.float64)
+    out = np.empty(resamples)
+    block = max(1, 2_000_000 // n)
+    for start in range(0, resamples, block):
+        m = min(block, resamples - start)
+        out[start : start + m] = arr[rng.integers(0, n, size=(m, n))].mean(axis=1)
+    return out
+
+
+def mean_ci(
+    values: npt.ArrayLike,
+    *,
+    confidence: float = 0.95,
+    resamples: int = 2000,
+    seed: int | np.random.Generator = 0,
+) -> Estimate:
+    """The mean with a bootstrap percentile-method interval."""
+    arr = np.asarray(values, dtype=np.float64)
+    if arr.size == 0:
+        return Estimate(math.nan, math.nan, math.nan, 0, confidence)
+    lo, hi = interval(mean_samples(arr, resamples, seed), confidence)
+    return Estimate(float(arr.mean()), lo, hi, int(arr.size), confidence)
+
+
+def interval(samples: FloatArray, confidence: float) -> tuple[float, float]:
+    """Percentile-method bounds of a bootstrap distribution."""
+    finite = samples[np.isfinite(samples)]  # a ratio over a zero-length stage is inf/NaN
+    if finite.size < samples.size / 2:
+        return math.nan, math.nan
+    alpha = (1 - confidence) / 2 * 100
+    lo, hi = np.percentile(finite, [alpha, 100 - alpha])
+    return float(lo), float(hi)
+
+
+class LogHistogram:
+    """Counts in log-spaced buckets: fixed memory, exact merge, bounded relative error.
+
+    For runs too long to keep raw columns: each runner process keeps one per metric and the
+    merged histogram is the histogram of the union (counts add). A value ``v >= 1`` lands in
+    bucket ``floor(log(v) / log(1 + rel_error) )``; a percentile read back is the bucket's
+    midpoint, within ``rel_error / 2`` of a value that was observed. Values below 1 (e.g.
+    0 ns) are counted in bucket 0.
+
+    Args:
+        rel_error: bucket width as a fraction (0.01: 1%).
+        max_value: the largest value expected (larger ones go to the last bucket).
+    """
+
+    def __init__(self, rel_error: float = 0.01, max_value: float = 1e13) -> None:
+        if not 0 < rel_error < 1:
+            raise UsageError("rel_error must be within (0, 1)")
+        self.rel_error = rel_error
+        self._log_base = math.log1p(rel_error)
+        self.counts = np.zeros(int(math.log(max_value) / self._log_base) + 2, dtype=np.int64)
+
+    @property
+    def total(self) -> int:
+        return int(self.counts.sum())
+
+    def add(self, values: Iterable[float] | npt.ArrayLike) -> None:
+        """Count ``values``."""
+        arr = np.asarray(values, dtype=np.float64)
+        arr = arr[~np.isnan(arr)]
+        buckets = np.zeros(arr.shape, dtype=np.int64)
+        big = arr >= 1
+        buckets[big] = np.floor(np.log(arr[big]) / self._log_base).astype(np.int64) + 1
+        np.add.at(self.counts, np.minimum(buckets, len(self.counts) - 1), 1)
+
+    def merge(self, other: LogHistogram) -> LogHistogram:
+        """A new histogram holding both (exact: counts add).
+
+        Raises:
+            UsageError: the two were built with different bucket widths.
+        """
+        if other.rel_error != self.rel_error or len(other.counts) != len(self.counts):
+            raise UsageError("only histograms with the same rel_error and max_value merge")
+        out = LogHistogram.__new__(LogHistogram)
+        out.rel_error, out._log_base = self.rel_error, self._log_base
+        out.counts = self.counts + other.counts
+        return out
+
+    def percentile(self, p: float) -> float:
+        """Nearest-rank P(p), as the midpoint of its bucket (NaN when empty)."""
+        total = self.total
+        if total == 0:
+            return math.nan
+        bucket = int(np.searchsorted(np.cumsum(self.counts), _rank(p, total) + 1))
+        if bucket == 0:
+            return 0.0
+        lo = math.exp((bucket - 1) * self._log_base)
+        return lo * (1 + self.rel_error / 2)
+
+    def percentiles(self, ps: Sequence[float] = PERCENTILES) -> dict[float, float]:
+        return {p: self.percentile(p) for p in ps}

@@ -1,0 +1,117 @@
+"""Distributions for think times, prompt lengths and arrival gaps; synthetic prompt text.
+
+A distribution is written as a small mapping (from Python, TOML or the CLI) and parsed by
+:func:`dist`: ``3`` or ``{"fixed": 3}``, ``{"uniform": [lo, hi]}``, ``{"exponential": mean}``,
+``{"lognormal": [median, sigma]}``, ``{"choice": [a, b, ...]}``.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import UsageError
+
+__all__ = ["ARRIVALS", "Dist", "arrival_gaps", "dist", "synthetic_prompt"]
+
+ARRIVALS = ("constant", "poisson", "gamma", "burst")
+
+
+@dataclass(frozen=True)
+class Dist:
+    """A distribution of non-negative numbers: ``kind`` and its parameters."""
+
+    kind: str
+    params: tuple[float, ...]
+
+    def sample(self, rng: random.Random) -> float:
+        p = self.params
+        if self.kind == "fixed":
+            return p[0]
+        if self.kind == "uniform":
+            return rng.uniform(p[0], p[1])
+        if self.kind == "exponential":
+            return rng.expovariate(1 / p[0]) if p[0] > 0 else 0.0
+        if self.kind == "lognormal":
+            return rng.lognormvariate(math.log(p[0]), p[1])
+        return rng.choice(p)  # "choice"
+
+    def to_spec(self) -> dict[str, Any]:
+        if self.kind in ("fixed", "exponential"):
+            return {self.kind: self.params[0]}
+        return {self.kind: list(self.params)}
+
+
+_ARITY = {"fixed": 1, "uniform": 2, "exponential": 1, "lognormal": 2}
+
+
+def dist(spec: float | Mapping[str, Any] | Dist) -> Dist:
+    """Parse a distribution spec (see the module docstring).
+
+    Raises:
+        UsageError: an unknown kind, a wrong number of parameters or a negative value.
+    """
+    if isinstance(spec, Dist):
+        return spec
+    if isinstance(spec, int | float):
+        spec = {"fixed": spec}
+    if len(spec) != 1:
+        raise UsageError(f"a distribution has one key (its kind), got {dict(spec)!r}")
+    ((kind, raw),) = spec.items()
+    params = tuple(float(x) for x in (raw if isinstance(raw, list | tuple) else [raw]))
+    if kind == "choice":
+        if not params:
+            raise UsageError("choice needs at least one value")
+    elif _ARITY.get(kind) != len(params):
+        raise UsageError(f"unknown distribution {kind!r} or wrong parameters {raw!r}")
+    if any(x < 0 for x in params) or (kind == "uniform" and params[0] > params[1]):
+        raise UsageError(f"bad parameters for {kind}: {raw!r}")
+    return Dist(kind, params)
+
+
+def arrival_gaps(
+    kind: str, rate: float, rng: random.Random, burstiness: float = 1.0
+) -> Iterator[float]:
+    """Seconds between consecutive arrivals at mean ``rate`` per second.
+
+    ``constant``: exactly 1/rate. ``poisson``: exponential gaps. ``gamma``: gamma gaps with
+    shape ``1 / burstiness`` (vLLM's ``--burstiness``: 1 is Poisson, > 1 burstier, < 1 more
+    regular), same mean. ``burst``: every request at once (gap 0).
+
+    Raises:
+        UsageError: an unknown kind or a rate that is not positive.
+    """
+    if kind not in ARRIVALS:
+        raise UsageError(f"unknown arrival process {kind!r}; expected one of {ARRIVALS}")
+    if kind != "burst" and not rate > 0:
+        raise UsageError("rate must be > 0")
+    mean = 0.0 if kind == "burst" else 1 / rate
+    shape = 1 / burstiness if burstiness > 0 else 1.0
+    while True:
+        if kind == "poisson":
+            yield rng.expovariate(rate)
+        elif kind == "gamma":
+            yield rng.gammavariate(shape, mean / shape)
+        else:
+            yield mean
+
+
+_WORDS = " ".join(f"w{i % 997:03d}" for i in range(4096)) + " "
+_WORD_LEN = 5  # "w123 ": one whitespace-separated word, about one token for most tokenizers
+
+
+def synthetic_prompt(tokens: int, offset: int = 0) -> str:
+    """``tokens`` whitespace-separated filler words (no dataset download; deterministic).
+
+    ``offset`` rotates the text so that prompts of the same length differ (no prefix-cache
+    hits between requests unless wanted).
+    """
+    if tokens <= 0:
+        return ""
+    start = (offset % 4096) * _WORD_LEN
+    need = tokens * _WORD_LEN
+    reps = (start + need) // len(_WORDS) + 1
+    return (_WORDS * reps)[start : start + need].rstrip()

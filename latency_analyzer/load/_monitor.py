@@ -1,0 +1,139 @@
+"""The client watching itself: pacer lag, event-loop lag, CPU and peak memory.
+
+A load generator that cannot keep up reports the wrong latency (coordinated omission) or a
+throughput that is its own limit. So a run samples the event loop's lag all along (a task
+that asks to sleep 5 ms and measures how late it wakes), the process's CPU time and its peak
+RSS, and the summary says when the client, not the target, was the bottleneck.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import resource
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = ["LOOP_LAG_LIMIT_S", "ClientHealth", "LoopMonitor", "Pacer", "peak_rss_bytes"]
+
+#: Event-loop lag P99 above which a run says its client was saturated.
+LOOP_LAG_LIMIT_S = 0.010
+
+_TICK_S = 0.005
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process so far (``getrusage``)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)  # Linux reports KiB
+
+
+class Pacer:
+    """Waits until absolute ``perf_counter_ns`` instants, as closely as the loop allows.
+
+    It sleeps on the event loop until ``spin_s`` before the instant, then yields
+    (``asyncio.sleep(0)``) until it has passed: the selector rounds timeouts up to whole
+    milliseconds, which alone would make every arrival up to 1 ms late. The lateness of every
+    wake-up is kept (``lags_ns``) and reported.
+    """
+
+    def __init__(self, spin_s: float = 0.0015) -> None:
+        self.spin_ns = round(spin_s * 1e9)
+        self.lags_ns: list[int] = []
+
+    async def wait_until(self, deadline_ns: int) -> int:
+        """Return the time of waking (>= ``deadline_ns``); records the lag."""
+        remaining = deadline_ns - time.perf_counter_ns()
+        if remaining > self.spin_ns:
+            await asyncio.sleep((remaining - self.spin_ns) / 1e9)
+        now = time.perf_counter_ns()
+        while now < deadline_ns:
+            await asyncio.sleep(0)
+            now = time.perf_counter_ns()
+        self.lags_ns.append(now - deadline_ns)
+        return now
+
+
+@dataclass
+class LoopMonitor:
+    """Samples event-loop lag every 5 ms while running (``async with``)."""
+
+    lags_ns: list[int] = field(default_factory=list)
+    _task: asyncio.Task[None] | None = None
+    _cpu0: float = 0.0
+    _wall0: int = 0
+
+    async def __aenter__(self) -> LoopMonitor:
+        self._cpu0, self._wall0 = time.process_time(), time.perf_counter_ns()
+        self._task = asyncio.create_task(self._sample())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self.cpu_s = time.process_time() - self._cpu0
+        self.wall_s = (time.perf_counter_ns() - self._wall0) / 1e9
+
+    async def _sample(self) -> None:
+        tick = round(_TICK_S * 1e9)
+        while True:
+            t = time.perf_counter_ns()
+            await asyncio.sleep(_TICK_S)
+            self.lags_ns.append(max(0, time.perf_counter_ns() - t - tick))
+
+    def health(self, pacer: Pacer | None) -> ClientHealth:
+        return ClientHealth.of(self, pacer)
+
+
+def _pcts(ns: list[int]) -> dict[str, float]:
+    if not ns:
+        return {"p50_s": 0.0, "p99_s": 0.0, "max_s": 0.0}
+    arr = np.asarray(ns, dtype=np.float64) / 1e9
+    p50, p99 = np.percentile(arr, [50, 99])
+    return {"p50_s": float(p50), "p99_s": float(p99), "max_s": float(arr.max())}
+
+
+@dataclass(frozen=True)
+class ClientHealth:
+    """How the client fared. ``cpu`` is CPU seconds per wall second (1.0: one full core)."""
+
+    loop_lag: dict[str, float]
+    pacer_lag: dict[str, float] | None
+    cpu: float
+    peak_rss_bytes: int
+
+    @classmethod
+    def of(cls, mon: LoopMonitor, pacer: Pacer | None) -> ClientHealth:
+        cpu = mon.cpu_s / mon.wall_s if mon.wall_s > 0 else 0.0
+        pacer_lag = _pcts(pacer.lags_ns) if pacer is not None else None
+        return cls(_pcts(mon.lags_ns), pacer_lag, cpu, peak_rss_bytes())
+
+    @property
+    def saturated(self) -> bool:
+        """Loop lag (or pacer lag) P99 beyond :data:`LOOP_LAG_LIMIT_S`."""
+        worst = max(self.loop_lag["p99_s"], (self.pacer_lag or {}).get("p99_s", 0.0))
+        return worst > LOOP_LAG_LIMIT_S
+
+    def note(self) -> str | None:
+        if not self.saturated:
+            return None
+        pacer = self.pacer_lag or {}
+        return (
+            f"the CLIENT was saturated: event-loop lag P99 {self.loop_lag['p99_s'] * 1e3:.1f} ms,"
+            f" pacer lag P99 {pacer.get('p99_s', 0.0) * 1e3:.1f} ms, CPU {self.cpu:.0%} of a core"
+            " — latencies include client delay; use more processes or a lower load"
+        )
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "loop_lag": self.loop_lag,
+            "pacer_lag": self.pacer_lag,
+            "cpu_cores": self.cpu,
+            "peak_rss_bytes": self.peak_rss_bytes,
+            "saturated": self.saturated,
+        }

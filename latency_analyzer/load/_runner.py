@@ -1,0 +1,357 @@
+"""The load runner: closed and open loops on one asyncio loop, every request a stored row.
+
+Open loop: arrival ``i`` is scheduled at an absolute instant ``t_i`` (constant, Poisson, gamma
+or burst gaps from ``t_0``); the pacer wakes at ``t_i`` and starts the request with
+``intended_start_ns = t_i``, so everything between the schedule and the actual start (pacer
+lateness, waiting for a ``max_in_flight`` slot) is ``schedule_lag`` and latency is measured from
+the intended start: coordinated omission shows instead of hiding.
+
+Closed loop: ``concurrency`` users, each sends, waits for its response, thinks, sends again.
+
+Every issued request ends as exactly one row (``issued == stored``): the client turns every
+failure into a waterfall.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..analysis import Summary, Tags, WaterfallSet, fingerprint
+from ..capture.client import Client
+from ..errors import UsageError
+from ..timeline import Waterfall
+from ._dists import arrival_gaps
+from ._monitor import ClientHealth, LoopMonitor, Pacer
+from ._scenario import Scenario, Template
+
+__all__ = ["Hook", "RunResult", "run", "run_sync", "sweep"]
+
+#: Called with the run's t0 (``perf_counter_ns``) and run alongside it (fault injection).
+Hook = Callable[[int], Coroutine[Any, Any, None]]
+Progress = Callable[[int, int | None], None]
+
+_LEAD_NS = 20_000_000  # t0 is this far in the future, so the first arrival is not born late
+_SATURATION_RATIO = 0.9
+
+
+@dataclass
+class RunResult:
+    """A finished run.
+
+    Attributes:
+        set: every request as a row (warm-up rows marked).
+        scenario: what was run.
+        issued: requests started; equals ``len(set)`` (none lost).
+        client: the client's self-check (loop lag, pacer lag, CPU, peak RSS).
+        offered_rps: the open loop's rate (None in a closed loop).
+        completed_in_window_rps: requests completed while arrivals were still being issued,
+            per second of that window (the target keeps up when this ≈ ``offered_rps``).
+        target_saturated: the target could not keep up with an open loop's rate.
+        notes: sentences for the summary.
+    """
+
+    set: WaterfallSet
+    scenario: Scenario
+    issued: int
+    client: ClientHealth
+    wall_s: float
+    offered_rps: float | None = None
+    completed_in_window_rps: float | None = None
+    latency_growth: float | None = None
+    target_saturated: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    def summary(self, **kwargs: Any) -> Summary:
+        """The set's summary with this run's notes (saturation, client health) added."""
+        base = self.set.summary(**kwargs)
+        base.notes[:0] = self.notes
+        return base
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "scenario": self.scenario.name,
+            "issued": self.issued,
+            "stored": len(self.set),
+            "wall_s": self.wall_s,
+            "offered_rps": self.offered_rps,
+            "completed_in_window_rps": self.completed_in_window_rps,
+            "latency_growth": self.latency_growth,
+            "target_saturated": self.target_saturated,
+            "client": self.client.to_dict(),
+            "notes": self.notes,
+        }
+
+
+class _Run:
+    """State shared by the tasks of one run."""
+
+    def __init__(
+        self,
+        sc: Scenario,
+        ws: WaterfallSet,
+        client: Client,
+        worker: int,
+        step: int,
+        progress: Progress | None,
+    ) -> None:
+        self.sc, self.ws, self.client = sc, ws, client
+        self.rng = random.Random(sc.seed)
+        self.worker, self.step = worker, step
+        self.progress = progress
+        self.issued = 0
+        self.stored = 0
+        self.t0 = 0
+        self.issue_end_ns = 0
+
+    def next_request(self) -> tuple[Template, dict[str, Any], int] | None:
+        """Claim the next request (None once the count bound is reached)."""
+        if self.sc.requests is not None and self.issued >= self.sc.requests:
+            return None
+        template = self.sc.pick(self.rng)
+        body, length = self.sc.body(template, self.rng, self.issued)
+        self.issued += 1
+        return template, body, length
+
+    def warm(self, index: int, start_ns: int) -> bool:
+        sc = self.sc
+        return index < sc.warmup_requests or start_ns < self.t0 + round(sc.warmup_seconds * 1e9)
+
+    def store(self, wf: Waterfall, template: Template, length: int, warmup: bool) -> None:
+        tags = Tags(self.sc.name, template.name, length, self.worker, self.step, warmup)
+        self.ws.add(wf, tags)
+        self.stored += 1
+        if self.progress is not None:
+            self.progress(self.stored, self.sc.requests)
+
+    def past_deadline(self, t_ns: int) -> bool:
+        d = self.sc.duration
+        return d is not None and t_ns >= self.t0 + round(d * 1e9)
+
+
+async def _send(run: _Run, body: dict[str, Any], intended: int | None) -> Waterfall:
+    return await run.client.request(run.sc.url, json=body, intended_start_ns=intended)
+
+
+# -- open loop ---------------------------------------------------------------------------------
+def _schedule(run: _Run) -> Iterator[int]:
+    """Intended start instants (perf ns), with a linear rate ramp over ``ramp_up``."""
+    sc = run.sc
+    gaps = arrival_gaps(sc.arrival, sc.rate or 1.0, run.rng, sc.burstiness)
+    t = float(run.t0)
+    ramp = sc.ramp_up * 1e9
+    while True:
+        yield round(t)
+        gap = next(gaps) * 1e9
+        if ramp > 0 and t - run.t0 < ramp:
+            # rate(t) = rate · (t - t0) / ramp: at least 1% of it, so the first gap is finite
+            gap /= max(0.01, (t - run.t0) / ramp)
+        t += gap
+
+
+async def _open_request(
+    run: _Run,
+    slots: asyncio.Semaphore | None,
+    template: Template,
+    body: dict[str, Any],
+    length: int,
+    intended: int,
+    index: int,
+) -> None:
+    if slots is None:
+        wf = await _send(run, body, intended)
+    else:
+        async with slots:  # the wait for a slot stays inside schedule_lag: never hidden
+            wf = await _send(run, body, intended)
+    run.store(wf, template, length, run.warm(index, intended))
+
+
+async def _open_loop(run: _Run, pacer: Pacer) -> None:
+    cap = run.sc.max_in_flight
+    slots = asyncio.Semaphore(cap) if cap else None
+    tasks: set[asyncio.Task[None]] = set()
+    for intended in _schedule(run):
+        if run.past_deadline(intended):
+            break
+        index = run.issued
+        claimed = run.next_request()  # body built before the wait, not on the request's clock
+        if claimed is None:
+            break
+        await pacer.wait_until(intended)
+        task = asyncio.create_task(_open_request(run, slots, *claimed, intended, index))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+        run.issue_end_ns = intended
+    await _gather(tasks)
+
+
+async def _gather(tasks: set[asyncio.Task[None]]) -> None:
+    while tasks:
+        await asyncio.gather(*list(tasks))
+
+
+# -- closed loop -------------------------------------------------------------------------------
+async def _user(run: _Run, user: int) -> None:
+    sc = run.sc
+    if sc.ramp_up > 0:
+        await asyncio.sleep(sc.ramp_up * user / sc.concurrency)
+    while not run.past_deadline(time.perf_counter_ns()):
+        index = run.issued
+        claimed = run.next_request()
+        if claimed is None:
+            return
+        template, body, length = claimed
+        wf = await _send(run, body, None)
+        run.store(wf, template, length, run.warm(index, wf.start_ns))
+        if sc.think_time is not None:
+            await asyncio.sleep(sc.think_time.sample(run.rng))
+
+
+async def _closed_loop(run: _Run) -> None:
+    await asyncio.gather(*(_user(run, u) for u in range(run.sc.concurrency)))
+    run.issue_end_ns = time.perf_counter_ns()
+
+
+# -- the run -----------------------------------------------------------------------------------
+async def run(
+    scenario: Scenario,
+    *,
+    path: str | Path | None = None,
+    worker: int = 0,
+    step: int = 0,
+    hooks: Sequence[Hook] = (),
+    headers: Mapping[str, str] | None = None,
+    progress: Progress | None = None,
+    rtt_samples: int = 5,
+) -> RunResult:
+    """Run ``scenario`` and return its set and self-check.
+
+    Args:
+        scenario: what to run.
+        path: stream the set to this JSONL file as the run goes (None: memory only).
+        worker, step: tags for merged multi-process sets and sweep steps.
+        hooks: coroutines started with the run's t0 (``perf_counter_ns``), e.g. an outage.
+        headers: sent with every request (e.g. Authorization); never stored.
+        progress: called as ``progress(stored, total_or_None)`` after each request.
+        rtt_samples: TCP connects for the fingerprint's base RTT (0: skip).
+    """
+    meta = {
+        "scenario": scenario.to_dict(),
+        "fingerprint": fingerprint(scenario.url, scenario=None, rtt_samples=rtt_samples),
+    }
+    ws = WaterfallSet(path, meta=meta)
+    limit = scenario.max_in_flight or 0 if scenario.mode == "open" else scenario.concurrency
+    client = Client(
+        limit=limit,
+        keepalive=not scenario.new_connections,
+        timeout=scenario.timeout,
+        headers=headers,
+    )
+    pacer = Pacer() if scenario.mode == "open" else None
+    r = _Run(scenario, ws, client, worker, step, progress)
+    try:
+        async with client, LoopMonitor() as mon:
+            r.t0 = time.perf_counter_ns() + _LEAD_NS
+            extra = [asyncio.create_task(h(r.t0)) for h in hooks]
+            try:
+                await (_open_loop(r, pacer) if pacer is not None else _closed_loop(r))
+            finally:
+                await _finish_hooks(extra)
+        return _result(r, mon, pacer)  # before close: the result is noted in the file too
+    finally:
+        ws.close()
+
+
+async def _finish_hooks(tasks: list[asyncio.Task[None]]) -> None:
+    for t in tasks:
+        if not t.done():
+            t.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await t
+
+
+def _result(r: _Run, mon: LoopMonitor, pacer: Pacer | None) -> RunResult:
+    if r.issued != r.stored:  # the invariant every report rests on
+        raise UsageError(f"{r.issued} requests issued but {r.stored} stored")
+    health = mon.health(pacer)
+    res = RunResult(r.ws, r.sc, r.issued, health, mon.wall_s)
+    _http_tls(r.ws)
+    if r.sc.mode == "open" and r.sc.arrival != "burst":
+        _target_check(r, res)
+    note = health.note()
+    if note:
+        res.notes.append(note)
+    r.ws.note("result", res.to_dict())
+    return res
+
+
+def _http_tls(ws: WaterfallSet) -> None:
+    versions = sorted({v for v in ws.labels("http_version") if v})
+    ws.meta.setdefault("fingerprint", {})["http_versions"] = versions
+
+
+def _target_check(r: _Run, res: RunResult) -> None:
+    """Did the target keep up with the offered rate? Completions while arrivals were still
+    coming (per second of that window) against the rate, and latency's growth over the run."""
+    ws = r.ws
+    start = ws.column("start_ns")
+    end = start + ws.column("e2e_ns")
+    window = (r.issue_end_ns - r.t0) / 1e9
+    if window <= 0 or len(ws) < 20:
+        return
+    offered = len(ws) / window
+    done = float(np.count_nonzero(end <= r.issue_end_ns)) / window
+    order = np.argsort(start)
+    e2e = ws.column("e2e_ns")[order]
+    quarter = max(1, len(e2e) // 4)
+    growth = float(np.median(e2e[-quarter:]) / max(1.0, float(np.median(e2e[:quarter]))))
+    res.offered_rps, res.completed_in_window_rps, res.latency_growth = offered, done, growth
+    if done < _SATURATION_RATIO * offered:
+        res.target_saturated = True
+        res.notes.append(
+            f"the TARGET is saturated: {done:.1f} req/s completed while {offered:.1f} req/s "
+            f"arrived; latency (median, last vs first quarter of the run) grew {growth:.1f}×"
+        )
+
+
+def run_sync(scenario: Scenario, **kwargs: Any) -> RunResult:
+    """``run`` from synchronous code (its own event loop)."""
+    return asyncio.run(run(scenario, **kwargs))
+
+
+async def sweep(
+    scenario: Scenario,
+    *,
+    concurrency: Sequence[int] = (),
+    rate: Sequence[float] = (),
+    path: str | Path | None = None,
+    **kwargs: Any,
+) -> list[RunResult]:
+    """One run per concurrency (closed loop) or rate (open loop) level, tagged ``step`` 0, 1 …
+
+    With ``path``, step i streams to ``<stem>.step<i><suffix>``; ``WaterfallSet.merge`` of the
+    results' sets gives one set, and ``group_by("step")`` splits it again.
+
+    Raises:
+        UsageError: neither or both of ``concurrency`` and ``rate`` given.
+    """
+    if bool(concurrency) == bool(rate):
+        raise UsageError("sweep over concurrency= or rate=, exactly one")
+    key, levels = ("concurrency", concurrency) if concurrency else ("rate", rate)
+    out = []
+    for i, level in enumerate(levels):
+        step_path = None
+        if path is not None:
+            p = Path(path)
+            step_path = p.with_name(f"{p.stem}.step{i}{p.suffix}")
+        sc = scenario.replace(**{key: level, "name": f"{scenario.name}@{key}={level:g}"})
+        out.append(await run(sc, path=step_path, step=i, **kwargs))
+    return out

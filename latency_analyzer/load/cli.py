@@ -1,0 +1,151 @@
+"""``latency-analyzer run SCENARIO.toml`` and ``latency-analyzer compare A B``.
+
+The lead wires these into ``latency_analyzer/cli.py``::
+
+    from .load.cli import add_compare_parser, add_run_parser
+    add_run_parser(sub)        # sets defaults(func=...) on its parser
+    add_compare_parser(sub)
+    ...
+    if hasattr(args, "func"): return args.func(args)
+
+``rich`` (optional) draws a progress bar; without it a plain line is printed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from ..analysis import WaterfallSet, check_claim, compare
+from ._presets import PRESETS, length_buckets, preset_scenario, run_fault_injection
+from ._runner import Progress, RunResult, run
+from ._scenario import Scenario, load_scenario
+
+__all__ = ["add_compare_parser", "add_run_parser", "cmd_compare", "cmd_run"]
+
+
+def add_run_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``run``: a scenario file or a preset, flags override; writes the set as JSONL."""
+    p = subparsers.add_parser("run", help="run a load scenario and summarise it")
+    p.add_argument("scenario", nargs="?", metavar="SCENARIO.toml", help="scenario file")
+    p.add_argument("--preset", choices=sorted(PRESETS), help="start from a field scenario")
+    p.add_argument("--url", help="endpoint, e.g. http://host:8000/v1/chat/completions")
+    p.add_argument("--mode", choices=("closed", "open"))
+    p.add_argument("--concurrency", type=int, metavar="N")
+    p.add_argument("--rate", type=float, metavar="REQ_PER_S")
+    p.add_argument("--arrival", choices=("constant", "poisson", "gamma", "burst"))
+    p.add_argument("--duration", type=float, metavar="SECONDS")
+    p.add_argument("--requests", type=int, metavar="N")
+    p.add_argument("--warmup-seconds", type=float, metavar="SECONDS")
+    p.add_argument("--warmup-requests", type=int, metavar="N")
+    p.add_argument("--out", default="run.jsonl", metavar="FILE", help="Default: %(default)r")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--outage-at", type=float, default=3.0, metavar="SECONDS")
+    p.add_argument("--outage", type=float, default=1.0, metavar="SECONDS")
+    p.set_defaults(func=cmd_run)
+
+
+def add_compare_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``compare A B``: speedups with CIs; ``--claim X --metric ttft_p95`` checks a claim."""
+    p = subparsers.add_parser("compare", help="compare two runs (baseline, candidate)")
+    p.add_argument("baseline", metavar="A.jsonl")
+    p.add_argument("candidate", metavar="B.jsonl")
+    p.add_argument("--metric", default="ttft_p95", help="for --claim. Default: %(default)r")
+    p.add_argument("--claim", type=float, metavar="X", help="claimed speedup (e.g. 15)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_compare)
+
+
+def _scenario(args: argparse.Namespace) -> Scenario:
+    flags = {
+        k: getattr(args, k)
+        for k in ("url", "mode", "concurrency", "rate", "arrival", "duration", "requests")
+    }
+    flags["warmup_seconds"] = args.warmup_seconds
+    flags["warmup_requests"] = args.warmup_requests
+    given = {k: v for k, v in flags.items() if v is not None}
+    if args.scenario:
+        return load_scenario(args.scenario, **given)[0]
+    if args.preset:
+        return preset_scenario(args.preset, **given)
+    return Scenario.from_dict(given)
+
+
+def _progress() -> tuple[Progress | None, Callable[[], None]]:
+    try:
+        # rich is an optional extra, absent from the type-checking environment
+        from rich.progress import Progress as Bar  # type: ignore[import-not-found, unused-ignore]
+    except ImportError:
+        return None, lambda: None
+    bar = Bar(transient=True)
+    task = bar.add_task("requests", total=None)
+    bar.start()
+
+    def update(done: int, total: int | None) -> None:
+        bar.update(task, completed=done, total=total)
+
+    return update, bar.stop
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Run, write the set to ``--out``, print the summary (exit 1 if any request failed)."""
+    sc = _scenario(args)
+    update, stop = _progress()
+    extra: dict[str, Any] = {}
+    try:
+        if args.preset == "fault_injection":
+            fr = asyncio.run(
+                run_fault_injection(
+                    sc,
+                    outage_at=args.outage_at,
+                    outage_s=args.outage,
+                    path=args.out,
+                    progress=update,
+                )
+            )
+            result, extra["outage"] = fr.run, fr.outage.to_dict()
+        else:
+            result = asyncio.run(run(sc, path=args.out, progress=update))
+    finally:
+        stop()
+    if args.preset == "long_tail":
+        extra["length_buckets"] = {
+            k: {**v, "ttft_p99": v["ttft_p99"].value, "e2e_p99": v["e2e_p99"].value}
+            for k, v in length_buckets(result.set).items()
+        }
+    _print_run(result, args, extra)
+    return 0 if result.set.counts()["errors"] == 0 else 1
+
+
+def _print_run(result: RunResult, args: argparse.Namespace, extra: dict[str, Any]) -> None:
+    summary = result.summary()
+    if args.json:
+        print(json.dumps({**summary.to_dict(), "run": result.to_dict(), **extra}))
+        return
+    print(summary.to_text())
+    for key, value in extra.items():
+        print(f"{key}: {json.dumps(value)}")
+    print(f"set written to {args.out}", file=sys.stderr)
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    """Print the comparison; with ``--claim``, exit 1 when the claim is not supported."""
+    base, cand = WaterfallSet.load(args.baseline), WaterfallSet.load(args.candidate)
+    comp = compare(base, cand)
+    claim = None
+    if args.claim is not None:
+        claim = check_claim(base, cand, claimed=args.claim, metric=args.metric)
+    if args.json:
+        out = comp.to_dict()
+        if claim is not None:
+            out["claim"] = {"text": str(claim), "verdict": claim.verdict}
+        print(json.dumps(out))
+    else:
+        print(comp.to_text())
+        if claim is not None:
+            print(claim)
+    return 1 if claim is not None and claim.verdict == "not supported" else 0

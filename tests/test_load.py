@@ -1,0 +1,271 @@
+"""The load runner against the test bed: accounting, intended starts, caps, scenarios, faults.
+
+Servers run in their own process (``run_in_subprocess``) so their timing is not disturbed by
+the client's event loop. Ground truth is the server's own records (``slot_wait_ns``,
+``received_ns``) on the same host-wide monotonic clock.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from latency_analyzer import UsageError
+from latency_analyzer.analysis import WaterfallSet
+from latency_analyzer.load import (
+    Scenario,
+    Template,
+    arrival_gaps,
+    dist,
+    load_scenario,
+    run,
+    synthetic_prompt,
+)
+from latency_analyzer.load._presets import (
+    cold_start_storm,
+    fault_injection,
+    length_buckets,
+    long_tail,
+    mixed_load,
+    run_fault_injection,
+)
+from latency_analyzer.testing import LLMServer, SubprocessLLMServer
+
+CHAT = "/v1/chat/completions"
+
+
+@pytest.fixture(scope="module")
+def service_10ms() -> Iterator[SubprocessLLMServer]:
+    """One worker slot, a deterministic 10 ms service time, no streaming needed."""
+    with LLMServer(slots=1, header_delay=0.010, tokens=1).run_in_subprocess() as s:
+        yield s
+
+
+# --- pure parts -------------------------------------------------------------------------------
+
+
+def test_arrival_processes_have_the_asked_rate_and_shape() -> None:
+    rng = random.Random(1)
+    n = 50_000
+    for kind, cv in (("constant", 0.0), ("poisson", 1.0), ("gamma", 2.0)):
+        gen = arrival_gaps(kind, 100.0, rng, burstiness=4.0)
+        gaps = np.array([next(gen) for _ in range(n)])
+        assert gaps.mean() == pytest.approx(0.01, rel=0.03)
+        assert gaps.std() / gaps.mean() == pytest.approx(cv, abs=0.05)  # gamma: sqrt(4) = 2
+    with pytest.raises(UsageError):
+        next(arrival_gaps("poisson", 0.0, rng))
+
+
+def test_distributions_and_prompts() -> None:
+    rng = random.Random(2)
+    assert dist(3).sample(rng) == 3
+    u = [dist({"uniform": [512, 131072]}).sample(rng) for _ in range(2000)]
+    assert min(u) >= 512 and max(u) <= 131072
+    assert statistics.mean(u) == pytest.approx((512 + 131072) / 2, rel=0.05)
+    for bad in ({"uniform": [2, 1]}, {"zipf": 1}, {"fixed": -1}):
+        with pytest.raises(UsageError):
+            dist(bad)
+    assert len(synthetic_prompt(131072).split()) == 131072
+    assert synthetic_prompt(10, 1) != synthetic_prompt(10, 2)
+
+
+def test_scenario_toml_and_checks(tmp_path: Path) -> None:
+    path = tmp_path / "s.toml"
+    path.write_text(
+        'url = "http://127.0.0.1:1/v1/chat/completions"\nmode = "open"\nrate = 5\n'
+        'duration = 1\n[[templates]]\nname = "a"\nweight = 0.7\n'
+        "prompt_tokens = {uniform = [10, 20]}\n[sweep]\nrate = [1, 2]\n"
+    )
+    sc, sweep = load_scenario(path)
+    assert sc.rate == 5 and sc.templates[0].prompt_tokens == dist({"uniform": [10, 20]})
+    assert sweep == {"rate": [1, 2]}
+    assert Scenario.from_dict(sc.to_dict()) == sc
+    with pytest.raises(UsageError):
+        Scenario("http://x/", mode="open")  # no rate, no bound
+    with pytest.raises(UsageError):
+        Scenario.from_dict({"url": "http://x/", "requests": 1, "colour": "red"})
+
+
+# --- closed loop ------------------------------------------------------------------------------
+
+
+async def test_closed_loop_at_concurrency_1_has_no_queueing(
+    service_10ms: SubprocessLLMServer,
+) -> None:
+    before = len(service_10ms.records)
+    sc = Scenario(service_10ms.url + CHAT, requests=20, stream=False, name="c1")
+    result = await run(sc, rtt_samples=0)
+    records = service_10ms.records[before:]
+    assert result.issued == len(result.set) == len(records) == 20
+    # ground truth: no request ever waited for the server's slot (< 0.5 ms of scheduling)
+    assert max(r.slot_wait_ns for r in records) < 500_000
+    assert "schedule_lag" not in result.set.stages  # a closed loop has no intended starts
+    wait = result.set.values("wait")
+    assert abs(float(np.median(wait)) - 0.010) < 0.002  # the service time, nothing queued
+
+
+# --- open loop --------------------------------------------------------------------------------
+
+
+async def test_client_cap_shows_as_schedule_lag() -> None:
+    """10 requests at once, at most 1 in flight: each waits for the previous one, and that
+    wait is its schedule_lag (intended start = the burst instant), never hidden."""
+    with LLMServer(header_delay=0.020, tokens=1).run_in_subprocess() as s:
+        sc = Scenario(
+            s.url + CHAT,
+            mode="open",
+            arrival="burst",
+            requests=10,
+            max_in_flight=1,
+            stream=False,
+        )
+        result = await run(sc, rtt_samples=0)
+        records = s.records
+    ws = result.set
+    assert len(ws) == 10 and max(r.slot_wait_ns for r in records) == 0  # no server queue
+    start = ws.column("start_ns")
+    assert len(set(start.tolist())) == 1  # every intended start is the burst instant
+    lag = np.sort(ws.column("stage:schedule_lag"))
+    ends = np.sort(start + ws.column("e2e_ns"))
+    # request k starts when request k-1 ended (within client scheduling, < 2 ms)
+    gaps = (start[0] + lag[1:]) - ends[:-1]
+    assert np.all(gaps >= 0) and np.all(gaps < 2_000_000)
+    # and the last one's lag is the 9 services ahead of it (20 ms each, server-injected)
+    assert 9 * 0.020 <= lag[-1] / 1e9 < 9 * 0.020 + 9 * 0.004
+
+
+async def test_overload_is_reported_as_target_saturation(
+    service_10ms: SubprocessLLMServer,
+) -> None:
+    """ρ = 1.3: the queue grows through the run and the summary says the target saturated."""
+    sc = Scenario(
+        service_10ms.url + CHAT,
+        mode="open",
+        rate=130.0,
+        arrival="poisson",
+        requests=200,
+        stream=False,
+        seed=3,
+    )
+    result = await run(sc, rtt_samples=0)
+    assert result.issued == len(result.set) == 200
+    assert result.target_saturated
+    assert result.latency_growth is not None and result.latency_growth > 3
+    assert any("TARGET is saturated" in n for n in result.summary().notes)
+    assert not result.client.saturated
+
+
+async def test_streamed_run_to_disk_reloads_identically(tmp_path: Path) -> None:
+    path = tmp_path / "run.jsonl"
+    mix = (Template("a", 0.7, dist(10), 4), Template("b", 0.3, dist(1000), 8))
+    with LLMServer(decode=0.001, tokens=8).run_in_subprocess() as s:
+        sc = Scenario(
+            s.url + CHAT,
+            mode="open",
+            rate=200.0,
+            requests=60,
+            templates=mix,
+            seed=5,
+            warmup_requests=10,
+        )
+        result = await run(sc, path=path, rtt_samples=2)
+    back = WaterfallSet.load(path)
+    assert len(back) == 60 and back.counts() == result.set.counts()
+    assert np.array_equal(back.column("e2e_ns"), result.set.column("e2e_ns"))
+    assert back.meta["fingerprint"]["base_rtt_s"] is not None
+    assert back.meta["result"]["issued"] == 60
+    outputs = {
+        t: set(g.column("output_tokens").tolist()) for t, g in back.group_by("template").items()
+    }
+    assert outputs == {"a": {4}, "b": {8}}
+    prompts = {
+        t: set(g.column("prompt_tokens").tolist()) for t, g in back.group_by("template").items()
+    }
+    assert prompts == {"a": {10}, "b": {1000}}
+
+
+# --- presets ----------------------------------------------------------------------------------
+
+
+async def test_cold_start_storm_opens_a_connection_per_request() -> None:
+    with LLMServer(tokens=2).run_in_subprocess() as s:
+        result = await run(cold_start_storm(s.url + CHAT, requests=30), rtt_samples=0)
+        connections = s.connections
+    ws = result.set
+    assert len(ws) == 30 and ws.counts()["ok"] == 30
+    assert connections == 30 and bool(ws.cold.all())
+    assert len(ws.values("connect", present_only=True)) == 30
+
+
+def test_presets_build() -> None:
+    url = "http://127.0.0.1:1/v1/chat/completions"
+    mixed = mixed_load(url)
+    assert [t.weight for t in mixed.templates] == [0.7, 0.2, 0.1]
+    assert long_tail(url).templates[0].prompt_tokens == dist({"uniform": [512, 131072]})
+    assert fault_injection(url, rate=7.0).rate == 7.0
+
+
+async def test_long_tail_buckets_by_prompt_length() -> None:
+    with LLMServer(tokens=2).run_in_subprocess() as s:
+        sc = long_tail(s.url + CHAT, requests=24, concurrency=4)
+        result = await run(sc, rtt_samples=0)
+        records = s.records
+    buckets = length_buckets(result.set)
+    assert sum(b["requests"] for b in buckets.values()) == 24
+    # the server counted exactly the prompt words the generator asked for
+    asked = sorted(result.set.column("prompt_tokens").tolist())
+    assert sorted(r.prompt_tokens for r in records) == asked
+
+
+async def test_fault_injection_drop_window() -> None:
+    """Acceptance: none lost, errors recorded, recovery within 10% of the injected outage."""
+    with LLMServer(header_delay=0.002, tokens=2).run_in_subprocess() as s:
+        sc = fault_injection(s.url + CHAT, rate=100.0, duration=2.5, timeout=2.0)
+        res = await run_fault_injection(sc, outage_at=0.75, outage_s=1.0, rtt_samples=0)
+    out = res.outage
+    assert res.run.issued == len(res.run.set) == 250
+    assert out.errors >= 90  # ~100 arrivals fell in the 1 s window at 100 req/s
+    assert out.first_error_s is not None and out.first_error_s < 0.05
+    assert out.recovery_s == pytest.approx(out.injected_s, rel=0.10)
+    assert out.success_rate_after == 1.0
+
+
+class _Restartable:
+    """The test bed in a child process, killed and started again by the runner."""
+
+    def __init__(self) -> None:
+        self.current: SubprocessLLMServer | None = None
+        self.starts = 0
+
+    def start(self) -> tuple[str, int]:
+        self.current = LLMServer(header_delay=0.002, tokens=2).run_in_subprocess().__enter__()
+        self.starts += 1
+        return self.current.host, self.current.port
+
+    def kill(self) -> None:
+        assert self.current is not None
+        self.current.kill()
+        self.current.close()
+
+
+async def test_fault_injection_kills_and_restarts_the_server() -> None:
+    server = _Restartable()
+    try:
+        sc = fault_injection("http://127.0.0.1:1" + CHAT, rate=100.0, duration=2.5, timeout=2.0)
+        res = await run_fault_injection(
+            sc, outage_at=0.75, outage_s=0.5, server=server, rtt_samples=0
+        )
+    finally:
+        if server.current is not None:
+            server.current.close()
+    out = res.outage
+    assert server.starts == 2
+    assert res.run.issued == len(res.run.set)
+    # the outage lasts from the kill until the restarted server is reachable
+    assert out.recovery_s == pytest.approx(out.injected_s, rel=0.10)
+    assert out.errors > 0 and out.success_rate_after == 1.0

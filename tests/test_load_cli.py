@@ -1,0 +1,63 @@
+"""``run`` and ``compare`` subcommands, through their own argparse parsers."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from latency_analyzer.load.cli import add_compare_parser, add_run_parser
+from latency_analyzer.testing import LLMServer
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="latency-analyzer")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_run_parser(sub)
+    add_compare_parser(sub)
+    return parser
+
+
+def _main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    return int(args.func(args))
+
+
+def test_run_toml_then_compare_with_a_claim(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    slow, fast = tmp_path / "slow.jsonl", tmp_path / "fast.jsonl"
+    toml = tmp_path / "s.toml"
+    with (
+        LLMServer(header_delay=0.020, tokens=2).run_in_subprocess() as a,
+        LLMServer(header_delay=0.005, tokens=2).run_in_subprocess() as b,
+    ):
+        toml.write_text(
+            f'url = "{a.url}/v1/chat/completions"\nrequests = 30\nconcurrency = 2\n'
+            "warmup_requests = 2\n"
+        )
+        assert _main(["run", str(toml), "--out", str(slow), "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["run"]["issued"] == out["run"]["stored"] == 30
+        assert out["counts"]["warmup"] == 2
+        flags = ["run", "--url", f"{b.url}/v1/chat/completions", "--requests", "30"]
+        assert _main([*flags, "--concurrency", "2", "--out", str(fast)]) == 0
+        assert "ttft ms" in capsys.readouterr().out
+    # ttft: 20 ms vs 5 ms header delay plus ~1 ms of client/loopback each: about 3.5×, not 15×
+    code = _main(["compare", str(slow), str(fast), "--claim", "15", "--metric", "ttft_p50"])
+    text = capsys.readouterr().out
+    assert code == 1 and "claimed 15×" in text and "not supported" in text
+    assert _main(["compare", str(slow), str(fast), "--claim", "2", "--metric", "ttft_p50"]) == 0
+
+
+def test_run_preset_fault_injection(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with LLMServer(tokens=2).run_in_subprocess() as s:
+        argv = ["run", "--preset", "fault_injection", "--url", f"{s.url}/v1/chat/completions"]
+        argv += ["--rate", "50", "--duration", "1.5", "--outage-at", "0.5", "--outage", "0.5"]
+        code = _main([*argv, "--out", str(tmp_path / "f.jsonl"), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 1  # the outage made requests fail
+    assert out["outage"]["errors"] > 0
+    assert out["outage"]["recovery_s"] == pytest.approx(out["outage"]["injected_s"], rel=0.2)
