@@ -12,7 +12,8 @@ from typing import Any
 
 from . import __version__
 from .capture.client import probe
-from .errors import UsageError
+from .errors import RequestError, UsageError
+from .load.cli import add_compare_parser, add_run_parser
 from .report.text import render_waterfall
 from .timeline import Waterfall
 
@@ -84,6 +85,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     d = sub.add_parser("demo", help="start loopback servers with known delays and probe them")
     d.add_argument("--json", action="store_true", help="print the waterfalls as JSON lines")
+    add_run_parser(sub)
+    add_compare_parser(sub)
     return parser
 
 
@@ -119,13 +122,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "probe":
             return _probe(args)
+        if args.command in ("run", "compare"):
+            return int(args.func(args))
         from .demo import run_demo
 
         return run_demo(as_json=args.json, colour=sys.stdout.isatty())
     except BrokenPipeError:  # output piped into `head` and the like: stop quietly
         sys.stderr.close()
         return 0
-    except (UsageError, OSError) as exc:
+    except (UsageError, RequestError, OSError) as exc:
         print(f"latency-analyzer: {exc}", file=sys.stderr)
         return 2
 

@@ -196,9 +196,20 @@ def _imports_of(subpackage: str, *targets: str) -> list[str]:
     ]
 
 
+_ABOVE_CAPTURE = (
+    "latency_analyzer.server",
+    "latency_analyzer.merge",
+    "latency_analyzer.analysis",
+    "latency_analyzer.load",
+    "latency_analyzer.report",
+    "latency_analyzer.pytest_plugin",
+    "latency_analyzer.cli",
+    "latency_analyzer.demo",
+)
+
+
 def test_capture_does_not_import_upward() -> None:
-    upward = ("latency_analyzer.report", "latency_analyzer.cli", "latency_analyzer.demo")
-    assert _imports_of("capture", *upward) == []
+    assert _imports_of("capture", *_ABOVE_CAPTURE) == []
     # nor the package root, which re-exports capture itself (a cycle in disguise)
     assert not any(name == PACKAGE for p in _files("capture") for name in _imports(p))
 
@@ -209,6 +220,22 @@ def test_testing_is_standalone() -> None:
 
 def test_report_does_not_import_capture() -> None:
     assert _imports_of("report", "latency_analyzer.capture") == []
+
+
+def test_server_side_knows_only_the_model() -> None:
+    """Span receivers and schema mappings read server data; they never send requests."""
+    above = ("latency_analyzer.capture", *_ABOVE_CAPTURE[1:])
+    assert _imports_of("server", *above) == []
+
+
+def test_analysis_does_not_reach_into_capture_load_or_presentation() -> None:
+    banned = ("latency_analyzer.capture", "latency_analyzer.load", "latency_analyzer.report")
+    assert _imports_of("analysis", *banned, "latency_analyzer.cli", "latency_analyzer.server") == []
+
+
+def test_load_does_not_use_the_test_bed_or_presentation() -> None:
+    banned = ("latency_analyzer.testing", "latency_analyzer.report", "latency_analyzer.demo")
+    assert _imports_of("load", *banned, "latency_analyzer.pytest_plugin") == []
 
 
 # --- (c) the model is frozen; attribution speaks the stage vocabulary ------------------------

@@ -43,6 +43,8 @@ def test_public_names_are_pinned() -> None:
     assert sorted(testing.__all__) == sorted(
         [
             "FAULTS",
+            "H2LLMServer",
+            "H2StreamRecord",
             "SERVER_NAMES",
             "Behavior",
             "DNSQuery",
