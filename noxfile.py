@@ -29,7 +29,7 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Overhead benchmarks; writes JSON to bench-results/."""
+    """Benchmarks (overhead, HTTP/2 vs HTTP/1.1, load generation); JSON in bench-results/."""
     session.install(".")
     session.run(
         "python",
@@ -38,6 +38,8 @@ def bench(session: nox.Session) -> None:
         "bench-results/overhead.json",
         *session.posargs,
     )
+    session.run("python", "benchmarks/bench_http2.py", "--out", "bench-results/http2.json")
+    session.run("python", "benchmarks/bench_load.py", "--out", "bench-results/load.json")
 
 
 @nox.session
