@@ -17,6 +17,7 @@ Nothing here raises on bad input from the server: it becomes a ``MalformedChunk`
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
@@ -36,6 +37,23 @@ __all__ = [
 ]
 
 _DONE = "[DONE]"
+
+
+def _stdlib_loads(raw: str | bytes) -> Any:
+    return json.loads(raw)
+
+
+def _fastest_loads() -> Callable[[str | bytes], Any]:
+    """orjson when installed (``pip install latency-analyzer[fast]``): one chunk is parsed per
+    streamed token, and it decodes a chunk ~4x faster than the standard library."""
+    try:
+        import orjson
+    except ImportError:
+        return _stdlib_loads
+    return orjson.loads
+
+
+_loads = _fastest_loads()
 _MAX_TEXT_MESSAGE = 200  # characters of a non-JSON error body worth showing to a person
 
 
@@ -214,10 +232,10 @@ def error_message_from_body(body: bytes) -> str | None:
 
 
 def _load_object(raw: str | bytes, time_ns: int, events: list[Event]) -> dict[str, Any] | None:
-    """``json.loads`` that reports failure as a ``MalformedChunk`` instead of raising."""
+    """JSON decoding that reports failure as a ``MalformedChunk`` instead of raising."""
     try:
-        obj: Any = json.loads(raw)
-    except ValueError as exc:  # JSONDecodeError, or UnicodeDecodeError for bytes
+        obj: Any = _loads(raw)
+    except ValueError as exc:  # JSONDecodeError (both libraries), UnicodeDecodeError for bytes
         reason = f"invalid JSON: {exc}"
     else:
         if isinstance(obj, dict):
