@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import statistics
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -165,3 +166,25 @@ async def test_round_trip_delay_shows_in_tls_and_wait(ca: TestCA, server_pem: Pa
     assert medians[one_way]["tls"] >= rtt
     assert abs(medians[one_way]["tls"] - medians[0.0]["tls"] - rtt) <= 0.0015  # crypto jitter
     assert abs(medians[one_way]["wait"] - medians[0.0]["wait"] - rtt) <= tolerance(rtt)
+
+
+async def test_first_lookup_of_a_process_does_not_count_our_imports() -> None:
+    """dnspython loads its backend and record classes on first use: not inside a dns stage."""
+    code = (
+        "import asyncio, sys; import latency_analyzer as la\n"
+        "from latency_analyzer.testing import DNSServer, LLMServer\n"
+        "async def main():\n"
+        "    async with LLMServer() as llm:\n"
+        "        with DNSServer().run_in_thread() as d:\n"
+        "            url = f'http://llm.test:{llm.port}/health'\n"
+        "            waits = [(await la.aprobe(url, resolver=d.nameserver)).attribution()['dns']\n"
+        "                     for _ in range(3)]\n"
+        "    print(waits[0], min(waits[1:]))\n"
+        "asyncio.run(main())\n"
+    )
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", code, stdout=asyncio.subprocess.PIPE
+    )
+    out, _ = await proc.communicate()
+    first, later = map(float, out.split())
+    assert first < later + 0.002  # a fresh process's first lookup is not tens of ms slower

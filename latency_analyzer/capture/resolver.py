@@ -14,6 +14,7 @@ from pathlib import Path
 
 import dns.asyncresolver
 import dns.exception
+import dns.rdata
 import dns.resolver
 from aiohttp.abc import AbstractResolver, ResolveResult
 
@@ -82,6 +83,7 @@ class DnsResolver(AbstractResolver):
             self._hosts = {}
         self._resolver.lifetime = timeout
         self.nameserver = nameserver
+        _warm_up()
 
     async def resolve(
         self, host: str, port: int = 0, family: int = socket.AF_INET
@@ -122,6 +124,18 @@ class DnsResolver(AbstractResolver):
 
     async def close(self) -> None:
         return None
+
+
+def _warm_up() -> None:
+    """Load what dnspython loads lazily on its first lookup (its asyncio backend, the A/AAAA
+    record classes): otherwise the first request's ``dns`` stage counts our imports."""
+    import dns.asyncbackend
+    import dns.rdataclass
+    import dns.rdatatype
+
+    dns.asyncbackend.get_backend("asyncio")
+    for rdtype in (dns.rdatatype.A, dns.rdatatype.AAAA, dns.rdatatype.CNAME):
+        dns.rdata.get_rdata_class(dns.rdataclass.IN, rdtype)  # type: ignore[no-untyped-call]
 
 
 def _family_ok(address: str, family: int) -> bool:
