@@ -215,7 +215,8 @@ def test_capture_does_not_import_upward() -> None:
 
 
 def test_testing_is_standalone() -> None:
-    assert _violations("testing", ("latency_analyzer.testing",), set()) == []
+    allowed = ("latency_analyzer.testing", "latency_analyzer._threads")  # a leaf helper
+    assert _violations("testing", allowed, set()) == []
 
 
 def test_report_does_not_import_capture() -> None:

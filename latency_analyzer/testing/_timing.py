@@ -13,11 +13,11 @@ import contextlib
 import ipaddress
 import socket
 import struct
-import threading
 import time
-from collections.abc import Coroutine
 from types import TracebackType
-from typing import Any, Generic, TypeVar
+from typing import TypeVar
+
+from .._threads import ThreadRunner
 
 __all__ = [
     "SPIN_NS",
@@ -39,10 +39,7 @@ SPIN_NS = 3_000_000
 #: take ~80 us (timer slack), and only yields to the event loop.
 _TIGHT_SPIN_NS = 200_000
 
-_START_TIMEOUT_S = 10.0
-
 S = TypeVar("S", bound="Service")
-T = TypeVar("T")
 
 
 async def sleep_until(deadline_ns: int) -> None:
@@ -127,72 +124,3 @@ class Service:
     def run_in_thread(self: S) -> ThreadRunner[S]:
         """Return a sync context manager running this server on its own loop in a thread."""
         return ThreadRunner(self)
-
-
-class ThreadRunner(Generic[S]):
-    """Runs a :class:`Service` on a private event loop in a daemon thread.
-
-    ``__enter__`` returns the started service; ``__exit__`` stops it, cancels whatever is left
-    on the loop and joins the thread. Reading plain attributes of the service (counters,
-    record lists) from the calling thread is safe.
-    """
-
-    def __init__(self, service: S) -> None:
-        self.service = service
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-
-    def __enter__(self) -> S:
-        loop = asyncio.new_event_loop()
-        self._loop = loop
-        self._thread = threading.Thread(
-            target=_run_loop, args=(loop,), name=f"testbed-{type(self.service).__name__}"
-        )
-        self._thread.daemon = True
-        self._thread.start()
-        try:
-            self.call(self.service.start())
-        except BaseException:
-            self._shutdown()
-            raise
-        return self.service
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        try:
-            self.call(self.service.stop())
-        finally:
-            self._shutdown()
-
-    def call(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run ``coro`` on the server's loop and return its result (blocks the caller)."""
-        if self._loop is None:
-            coro.close()
-            raise RuntimeError("the thread runner is not running")
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(_START_TIMEOUT_S)
-
-    def _shutdown(self) -> None:
-        if self._loop is not None and self._thread is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(_START_TIMEOUT_S)
-        self._loop = None
-        self._thread = None
-
-
-def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
-    """Thread body: run ``loop`` until stopped, then cancel leftovers and close it."""
-    asyncio.set_event_loop(loop)
-    try:
-        loop.run_forever()
-        tasks = asyncio.all_tasks(loop)
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
-        loop.run_until_complete(loop.shutdown_asyncgens())
-    finally:
-        loop.close()
