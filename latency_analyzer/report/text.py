@@ -6,24 +6,17 @@ import math
 import statistics
 
 from ..timeline import Waterfall
+from ._common import scrub
+from .palette import STAGE_COLOURS, ansi256
 
 __all__ = ["render_waterfall"]
 
 _BAR_WIDTH = 40
-_COLOURS = {  # ANSI 256-colour codes from the Okabe-Ito colour-blind-safe palette
-    "schedule_lag": 244,
-    "pool_wait": 180,
-    "dns": 214,
-    "connect": 75,
-    "tls": 31,
-    "h2_setup": 38,
-    "send": 72,
-    "wait": 167,
-    "first_token": 176,
-    "decode": 35,
-    "tail": 250,
-    "network": 250,
-    "other": 240,
+# ANSI 256-colour codes derived from the plots' Okabe-Ito palette (report/palette.py); black
+# (``send``) would vanish on a dark terminal, so it is drawn light grey there.
+_COLOURS = {
+    stage: 250 if hex_colour == "#000000" else ansi256(hex_colour)
+    for stage, hex_colour in STAGE_COLOURS.items()
 }
 
 
@@ -85,7 +78,11 @@ def _metrics(wf: Waterfall) -> list[str]:
 
 
 def render_waterfall(wf: Waterfall, *, colour: bool = False) -> str:
-    """The waterfall as lines of text; ``colour`` adds ANSI colours (for a TTY)."""
+    """The waterfall as lines of text; ``colour`` adds ANSI colours (for a TTY).
+
+    The URL and messages are scrubbed of credentials like every export (``report._common``).
+    """
+    wf = scrub(wf)
     lines = [_headline(wf), *_rows(wf, colour), *_metrics(wf)]
     if wf.error:
         lines.append(f"  error ({wf.error_type}): {wf.error}")

@@ -1,0 +1,608 @@
+"""Root-cause diagnosis: findings with evidence, likely cause and remedy, ranked by time.
+
+::
+
+    from latency_analyzer.diagnose import diagnose, diagnose_set, probe_alpn
+
+    for finding in diagnose(wf):             # one request
+        print(finding)
+    diagnose_set(waterfalls)                 # many: a list of waterfalls or a WaterfallSet
+    diagnose(wf, server_alpn=probe_alpn(url))   # lets the HTTP/1.1-vs-h2 rule speak
+
+Each rule looks at the requests' exclusive stage times (their attribution), connection and
+TLS facts, and token gaps. A finding's ``time_at_stake_s`` is the mean time per request that
+the named cause costs today (an upper bound on what the remedy saves); findings are sorted by
+it. Every threshold is a field of ``Thresholds``. Statistics use successful, non-warm-up
+requests only. A ``WaterfallSet`` keeps columns, not waterfalls, so the rules that need TLS
+resumption, ALPN, per-origin grouping or token gaps speak only when given waterfalls.
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import statistics
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from urllib.parse import urlsplit
+
+from .analysis import WaterfallSet
+from .timeline import Waterfall
+
+__all__ = [
+    "RULES",
+    "Finding",
+    "Thresholds",
+    "diagnose",
+    "diagnose_set",
+    "format_findings",
+    "probe_alpn",
+]
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """When a rule speaks. Shares are fractions; times are seconds (means per request).
+
+    Attributes:
+        min_time_s: a finding with less time at stake per request than this stays silent.
+        dns_slow_s: a lookup slower than this is slow (a cache or ``/etc/hosts`` answers in
+            well under a millisecond; a nearby resolver in a few).
+        dns_cached_s: a lookup faster than this was answered by a cache (it is not counted).
+        dns_every_fraction: in a set, real lookups on at least this share of requests means
+            no cache.
+        setup_share: one request: connect + tls + h2_setup above this share of e2e.
+        new_connection_fraction: in a set, new connections on more than this share of requests
+            (not counting the first per origin) means no keep-alive or a pool too small.
+        pool_wait_share: pool_wait above this share of e2e.
+        schedule_lag_share: schedule_lag above this share of e2e.
+        queue_share: server_queue above this share of TTFT.
+        prefill_share, prefill_slow_s: prefill above this share of TTFT *and* this long.
+        decode_share, tpot_slow_s: decode above this share of e2e *and* TPOT above this.
+        network_share: the ``network`` residual above this share of e2e.
+        itl_jitter_ratio: P95 gap between chunks above this multiple of the median gap.
+        itl_min_gaps: fewer gaps than this say nothing about jitter.
+        min_requests: set rules about "every request" need at least this many requests.
+    """
+
+    min_time_s: float = 0.002
+    dns_slow_s: float = 0.010
+    dns_cached_s: float = 0.0005
+    dns_every_fraction: float = 0.5
+    setup_share: float = 0.25
+    new_connection_fraction: float = 0.5
+    pool_wait_share: float = 0.10
+    schedule_lag_share: float = 0.10
+    queue_share: float = 0.5
+    prefill_share: float = 0.5
+    prefill_slow_s: float = 0.100
+    decode_share: float = 0.6
+    tpot_slow_s: float = 0.030
+    network_share: float = 0.2
+    itl_jitter_ratio: float = 3.0
+    itl_min_gaps: int = 8
+    min_requests: int = 3
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One diagnosis.
+
+    Attributes:
+        rule: the rule's id (``dns``, ``new_connection``, ``pool_wait`` ...: ``RULES``).
+        title: one line for a person.
+        evidence: the numbers that made the rule fire.
+        cause: the likely cause.
+        remedy: what to change.
+        time_at_stake_s: mean seconds per request the cause costs now (sort key).
+        requests: how many requests the evidence covers.
+        data: the evidence as numbers (seconds, shares, counts).
+    """
+
+    rule: str
+    title: str
+    evidence: str
+    cause: str
+    remedy: str
+    time_at_stake_s: float
+    requests: int = 1
+    data: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "data", MappingProxyType(dict(self.data)))
+
+    def __str__(self) -> str:
+        return (
+            f"[{self.rule}] {self.title} ({_ms(self.time_at_stake_s)} per request at stake)\n"
+            f"  evidence: {self.evidence}\n  cause:    {self.cause}\n  remedy:   {self.remedy}"
+        )
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms"
+
+
+# -- the facts the rules read ------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Req:
+    """One request, reduced to what the rules read (seconds)."""
+
+    stages: Mapping[str, float]
+    present: frozenset[str]
+    e2e: float
+    ttft: float | None
+    tpot: float | None
+    reused: bool
+    http_version: str | None
+    origin: str | None = None
+    tls_handshake: bool = False
+    session_reused: bool | None = None
+    chunk_gaps: tuple[float, ...] = ()
+    span_ns: tuple[int, int] = (0, 0)  # (start, end) in epoch ns, to count overlap
+    detailed: bool = False  # built from a Waterfall (TLS, ALPN, gaps and origin known)
+
+
+def _origin(url: str) -> str:
+    parts = urlsplit(url)
+    port = parts.port or {"https": 443, "http": 80}.get(parts.scheme)
+    return f"{parts.scheme}://{parts.hostname}:{port}"
+
+
+def _epoch(wf: Waterfall) -> int:
+    return wf.start_ns if wf.start_epoch_ns is None else wf.start_epoch_ns
+
+
+def _from_waterfall(wf: Waterfall) -> _Req:
+    stages = wf.attribution()
+    return _Req(
+        stages=stages,
+        present=frozenset(s.name for s in wf.root.walk()) & frozenset(stages),
+        e2e=wf.e2e,
+        ttft=wf.ttft,
+        tpot=wf.tpot,
+        reused=wf.connection.reused,
+        http_version=wf.http_version,
+        origin=_origin(wf.url),
+        tls_handshake=wf.stage("tls") is not None,
+        session_reused=None if wf.tls is None else wf.tls.session_reused,
+        chunk_gaps=wf.chunk_gaps,
+        span_ns=(_epoch(wf), _epoch(wf) + wf.e2e_ns),
+        detailed=True,
+    )
+
+
+def _from_set(ws: WaterfallSet) -> list[_Req]:
+    keep = ws.ok & ~ws.warmup
+    names = ws.stages
+    cols = {s: ws.column(f"stage:{s}") / 1e9 for s in names}
+    e2e, ttft, tpot = (ws.column(c) / 1e9 for c in ("e2e_ns", "ttft_ns", "tpot_ns"))
+    epoch, e2e_ns = ws.column("epoch_ns"), ws.column("e2e_ns")
+    reused, versions = ws.column("reused"), ws.labels("http_version")
+    out = []
+    for i in map(int, keep.nonzero()[0]):
+        # a stage that took 0 ns counts as absent here: columns keep no per-row presence list
+        present = frozenset(s for s in names if cols[s][i] > 0)
+        out.append(
+            _Req(
+                stages={s: float(cols[s][i]) for s in present},
+                present=present,
+                e2e=float(e2e[i]),
+                ttft=None if ttft[i] != ttft[i] else float(ttft[i]),  # NaN: no token
+                tpot=None if tpot[i] != tpot[i] else float(tpot[i]),
+                reused=bool(reused[i]),
+                http_version=versions[i],
+                span_ns=(int(epoch[i]), int(epoch[i] + e2e_ns[i])),
+            )
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class _Context:
+    reqs: Sequence[_Req]
+    th: Thresholds
+    single: bool
+    server_alpn: str | None
+
+    def mean(self, get: Callable[[_Req], float | None]) -> float:
+        vals = [v for v in map(get, self.reqs) if v is not None]
+        return statistics.fmean(vals) if vals else 0.0
+
+    def stage(self, name: str) -> float:
+        """Mean exclusive seconds of ``name`` per request (0 where absent)."""
+        return self.mean(lambda r: r.stages.get(name, 0.0))
+
+    @property
+    def e2e(self) -> float:
+        return self.mean(lambda r: r.e2e)
+
+    @property
+    def ttft(self) -> float:
+        return self.mean(lambda r: r.ttft)
+
+    @property
+    def n(self) -> int:
+        return len(self.reqs)
+
+    def per(self) -> str:
+        return "" if self.single else f" (mean of {self.n} requests)"
+
+
+Rule = Callable[[_Context], "Finding | None"]
+
+
+def _share(part: float, whole: float) -> float:
+    return part / whole if whole > 0 else 0.0
+
+
+# -- rules -------------------------------------------------------------------------------------
+def _dns(c: _Context) -> Finding | None:
+    with_dns = [r for r in c.reqs if r.stages.get("dns", 0.0) > c.th.dns_cached_s]
+    if not with_dns:
+        return None
+    per_lookup = statistics.fmean(r.stages.get("dns", 0.0) for r in with_dns)
+    fraction = len(with_dns) / c.n
+    every = not c.single and c.n >= c.th.min_requests and fraction >= c.th.dns_every_fraction
+    slow = per_lookup >= c.th.dns_slow_s
+    at_stake = c.stage("dns")
+    if not (every or slow) or at_stake < c.th.min_time_s:
+        return None
+    lookups = f"{len(with_dns)} of {c.n} requests looked the name up" if not c.single else ""
+    evidence = ", ".join(filter(None, [lookups, f"{_ms(per_lookup)} per lookup"]))
+    return Finding(
+        "dns",
+        "DNS on every request" if every else "slow DNS lookup",
+        evidence,
+        "no DNS cache in the client, no local caching resolver, and no hosts entry"
+        + ("; every request opens a new connection and resolves again" if every else ""),
+        "reuse connections (keep-alive) so lookups happen once; run a local caching resolver "
+        "(systemd-resolved, dnsmasq, nscd) or pin the name in /etc/hosts",
+        at_stake,
+        len(with_dns),
+        {"fraction": fraction, "per_lookup_s": per_lookup},
+    )
+
+
+def _setup_s(r: _Req) -> float:
+    """Connection setup without DNS (the ``dns`` rule speaks for that)."""
+    return sum(r.stages.get(s, 0.0) for s in ("connect", "tls", "h2_setup"))
+
+
+def _peak_overlap(reqs: Sequence[_Req]) -> int:
+    """Most requests in flight at one instant."""
+    edges = sorted([(a, 1) for a, _ in (r.span_ns for r in reqs)] +
+                   [(b, -1) for _, b in (r.span_ns for r in reqs)])  # fmt: skip
+    peak = now = 0
+    for _, step in edges:  # at equal instants an end (-1) sorts before a start (+1)
+        now += step
+        peak = max(peak, now)
+    return peak
+
+
+def _new_connection(c: _Context) -> Finding | None:
+    fresh = [r for r in c.reqs if not r.reused and ("connect" in r.present or "tls" in r.present)]
+    if not fresh:
+        return None
+    setup = statistics.fmean(_setup_s(r) for r in fresh)
+    if c.single:
+        share = _share(setup, c.e2e)
+        if share < c.th.setup_share or setup < c.th.min_time_s:
+            return None
+        evidence = f"connect+tls took {_ms(setup)}, {share:.0%} of e2e {_ms(c.e2e)}"
+        title, cause = "a new connection cost much of this request", "no connection was reused"
+    else:
+        # requests in flight together need a connection each: only new connections beyond
+        # the peak overlap (or one per origin) say that connections were not kept
+        needed = max(_peak_overlap(c.reqs), len({r.origin for r in c.reqs}))
+        fraction = (len(fresh) - needed) / max(1, c.n - needed)
+        if c.n < c.th.min_requests or fraction <= c.th.new_connection_fraction:
+            return None
+        evidence = (
+            f"{len(fresh)} of {c.n} requests opened a new connection, {_ms(setup)} of "
+            "connect+tls each"
+        )
+        title = "a new TCP+TLS connection per request"
+        cause = "keep-alive is off (or the server closes), or the pool is smaller than the load"
+    at_stake = setup * len(fresh) / c.n
+    if at_stake < c.th.min_time_s:
+        return None
+    return Finding(
+        "new_connection",
+        title,
+        evidence,
+        cause,
+        "keep one long-lived client (HTTP keep-alive, e.g. Client(keepalive=True)); size the "
+        "pool to the concurrency; prefer HTTP/2, which multiplexes on one connection",
+        at_stake,
+        len(fresh),
+        {"setup_s": setup, "new_connections": len(fresh)},
+    )
+
+
+def _tls_resumption(c: _Context) -> Finding | None:
+    by_origin: dict[str | None, list[_Req]] = {}
+    for r in c.reqs:
+        if r.detailed and r.tls_handshake:
+            by_origin.setdefault(r.origin, []).append(r)
+    repeats = [r for group in by_origin.values() for r in group[1:]]
+    if c.single or len(repeats) < 1 or any(r.session_reused for r in repeats):
+        return None
+    tls = statistics.fmean(r.stages.get("tls", 0.0) for r in repeats)
+    at_stake = tls * len(repeats) / c.n
+    if at_stake < c.th.min_time_s:
+        return None
+    return Finding(
+        "tls_resumption",
+        "TLS without session resumption",
+        f"{len(repeats)} repeated handshakes to the same origin, none resumed, {_ms(tls)} each",
+        "the client does not keep TLS sessions/tickets, or the server does not issue them",
+        "reuse connections first; otherwise keep one SSLContext for all connections and enable "
+        "session tickets on the server (TLS 1.3 PSK resumption)",
+        at_stake,
+        len(repeats),
+        {"handshakes": len(repeats), "tls_s": tls},
+    )
+
+
+def _http1(c: _Context) -> Finding | None:
+    h1 = [r for r in c.reqs if r.http_version == "1.1"]
+    if not h1:
+        return None
+    if c.server_alpn == "h2":
+        why = "the server selects h2 when offered (ALPN probe)"
+    else:
+        h2_origins = {r.origin for r in c.reqs if r.http_version == "2" and r.detailed}
+        h1 = [r for r in h1 if r.origin in h2_origins]
+        if not h1:
+            return None
+        why = "other requests to the same origin negotiated HTTP/2"
+    cost = statistics.fmean(r.stages.get("pool_wait", 0.0) + _setup_s(r) for r in h1)
+    at_stake = max(cost * len(h1) / c.n, 0.0)
+    return Finding(
+        "http1",
+        "HTTP/1.1 where the server offers HTTP/2",
+        f"{len(h1)} of {c.n} requests used HTTP/1.1; {why}; pool_wait+setup {_ms(cost)} each",
+        "the client offers only http/1.1 in ALPN (HTTP/2 disabled or unsupported)",
+        "enable HTTP/2 in the client (Client(http2=None) offers h2 over TLS): one multiplexed "
+        "connection removes per-request connection setup and pool queueing",
+        at_stake,
+        len(h1),
+        {"requests_http1": len(h1), "cost_s": cost},
+    )
+
+
+def _share_rule(
+    rule: str, stage: str, whole: str, limit: Callable[[Thresholds], float], text: tuple[str, ...]
+) -> Rule:
+    """A rule that fires when ``stage`` takes more than a share of e2e or TTFT."""
+    title, cause, remedy = text
+
+    def check(c: _Context) -> Finding | None:
+        part = c.stage(stage)
+        base = c.e2e if whole == "e2e" else c.ttft
+        share = _share(part, base)
+        if share <= limit(c.th) or part < c.th.min_time_s:
+            return None
+        evidence = f"{stage} {_ms(part)} is {share:.0%} of {whole} {_ms(base)}{c.per()}"
+        return Finding(rule, title, evidence, cause, remedy, part, c.n, {"share": share})
+
+    return check
+
+
+_pool_wait = _share_rule(
+    "pool_wait",
+    "pool_wait",
+    "e2e",
+    lambda t: t.pool_wait_share,
+    (
+        "requests queue for a connection",
+        "the connection pool is smaller than the number of requests in flight",
+        "raise the pool limit (Client(limit=...)) to the concurrency, or use HTTP/2",
+    ),
+)
+_schedule_lag = _share_rule(
+    "schedule_lag",
+    "schedule_lag",
+    "e2e",
+    lambda t: t.schedule_lag_share,
+    (
+        "requests start late: the client is saturated",
+        "the load generator could not send on schedule (CPU, event-loop lag, max_in_flight)",
+        "give the client more CPU or processes, lower the rate, or raise max_in_flight; the "
+        "latency measured here includes the client's own backlog",
+    ),
+)
+_server_queue = _share_rule(
+    "server_queue",
+    "server_queue",
+    "ttft",
+    lambda t: t.queue_share,
+    (
+        "time to first token is spent queueing in the server",
+        "the server is at capacity: requests wait for a batch slot",
+        "add replicas or GPUs, raise max batch size / max_num_seqs, or lower the load",
+    ),
+)
+_network = _share_rule(
+    "network",
+    "network",
+    "e2e",
+    lambda t: t.network_share,
+    (
+        "much time between client and server is unexplained by either",
+        "distance (RTT), proxies or gateways in the path, or server work outside its spans",
+        "move the client nearer the server, bypass proxies/load balancers, check for Nagle or "
+        "buffering proxies that delay streamed chunks",
+    ),
+)
+
+
+def _prefill(c: _Context) -> Finding | None:
+    prefill, ttft = c.stage("prefill"), c.ttft
+    share = _share(prefill, ttft)
+    if share <= c.th.prefill_share or prefill < max(c.th.prefill_slow_s, c.th.min_time_s):
+        return None
+    return Finding(
+        "prefill",
+        "time to first token is dominated by prefill",
+        f"prefill {_ms(prefill)} is {share:.0%} of TTFT {_ms(ttft)}{c.per()}",
+        "long prompts: prefill time grows with the number of input tokens",
+        "shorten prompts, enable prefix caching for shared system prompts, use chunked "
+        "prefill so long prompts do not block others",
+        prefill,
+        c.n,
+        {"share": share},
+    )
+
+
+def _decode(c: _Context) -> Finding | None:
+    decode, e2e = c.stage("decode"), c.e2e
+    tpot = c.mean(lambda r: r.tpot)
+    share = _share(decode, e2e)
+    if share <= c.th.decode_share or tpot <= c.th.tpot_slow_s or decode < c.th.min_time_s:
+        return None
+    return Finding(
+        "decode",
+        "the request is dominated by slow decoding",
+        f"decode {_ms(decode)} is {share:.0%} of e2e {_ms(e2e)}, TPOT {_ms(tpot)} "
+        f"({1 / tpot:.0f} tokens/s){c.per()}",
+        "slow time per output token: large batches, a large model, or memory-bound decoding",
+        "cap max_tokens, use a smaller or quantized model, speculative decoding, or smaller "
+        "batches for latency-sensitive traffic",
+        decode,
+        c.n,
+        {"share": share, "tpot_s": tpot},
+    )
+
+
+def _jitter(c: _Context) -> Finding | None:
+    ratios, medians, p95s, excess = [], [], [], []
+    for r in c.reqs:
+        gaps = sorted(r.chunk_gaps)
+        if len(gaps) < c.th.itl_min_gaps:
+            continue
+        median = statistics.median(gaps)
+        p95 = gaps[min(len(gaps) - 1, round(0.95 * (len(gaps) - 1)))]
+        medians.append(median)
+        p95s.append(p95)
+        ratios.append(p95 / median if median > 0 else float("inf"))
+        excess.append(sum(g - median for g in gaps if g > 2 * median))
+    n = len(ratios)
+    if not n:
+        return None
+    ratio, at_stake = statistics.median(ratios), sum(excess) / c.n
+    p95, median = statistics.median(p95s), statistics.median(medians)
+    if ratio <= c.th.itl_jitter_ratio or at_stake < c.th.min_time_s:
+        return None
+    return Finding(
+        "itl_jitter",
+        "tokens arrive in bursts (high inter-token jitter)",
+        f"P95 gap between chunks {_ms(p95)} is {ratio:.1f}× the median {_ms(median)}"
+        + ("" if c.single else f" (median over {n} requests)"),
+        "the server pauses decoding (new requests' prefill in the same batch, preemption) or a "
+        "proxy buffers the stream",
+        "enable chunked prefill, limit batch size, disable proxy buffering for text/event-stream",
+        at_stake,
+        n,
+        {"p95_over_median": ratio},
+    )
+
+
+#: Every rule by id, in no particular order (findings are ranked by time at stake).
+RULES: Mapping[str, Rule] = MappingProxyType(
+    {
+        "dns": _dns,
+        "new_connection": _new_connection,
+        "tls_resumption": _tls_resumption,
+        "http1": _http1,
+        "pool_wait": _pool_wait,
+        "schedule_lag": _schedule_lag,
+        "server_queue": _server_queue,
+        "prefill": _prefill,
+        "decode": _decode,
+        "network": _network,
+        "itl_jitter": _jitter,
+    }
+)
+
+
+def _run(context: _Context, rules: Iterable[str] | None) -> list[Finding]:
+    if not context.reqs:
+        return []
+    chosen = RULES if rules is None else {k: RULES[k] for k in rules}
+    found = [f for rule in chosen.values() if (f := rule(context)) is not None]
+    return sorted(found, key=lambda f: -f.time_at_stake_s)
+
+
+def diagnose(
+    wf: Waterfall,
+    *,
+    thresholds: Thresholds | None = None,
+    server_alpn: str | None = None,
+    rules: Iterable[str] | None = None,
+) -> list[Finding]:
+    """Findings for one request, most time at stake first (empty for a failed request).
+
+    Args:
+        wf: the request.
+        thresholds: when rules fire (defaults: ``Thresholds()``).
+        server_alpn: what the server selects when offered h2 (``probe_alpn(url)``); lets the
+            HTTP/1.1 rule speak about a single request.
+        rules: ids from ``RULES`` to run (default: all).
+    """
+    reqs = [_from_waterfall(wf)] if wf.ok else []
+    return _run(_Context(reqs, thresholds or Thresholds(), True, server_alpn), rules)
+
+
+def diagnose_set(
+    data: WaterfallSet | Iterable[Waterfall],
+    *,
+    thresholds: Thresholds | None = None,
+    server_alpn: str | None = None,
+    rules: Iterable[str] | None = None,
+) -> list[Finding]:
+    """Findings for many requests (means per request), most time at stake first.
+
+    Args:
+        data: waterfalls (every rule can speak), or a ``WaterfallSet`` (the rules that need
+            TLS, ALPN, origins or token gaps stay silent: a set keeps only columns). Failed
+            and warm-up requests are left out.
+        thresholds: when rules fire (defaults: ``Thresholds()``).
+        server_alpn: what the server selects when offered h2 (``probe_alpn(url)``).
+        rules: ids from ``RULES`` to run (default: all).
+    """
+    if isinstance(data, WaterfallSet):
+        reqs = _from_set(data)
+    else:
+        reqs = [_from_waterfall(wf) for wf in data if wf.ok]
+    single = len(reqs) == 1
+    return _run(_Context(reqs, thresholds or Thresholds(), single, server_alpn), rules)
+
+
+def format_findings(findings: Sequence[Finding]) -> str:
+    """The findings as text, one block each; a line saying so when there are none."""
+    if not findings:
+        return "no findings: nothing stands out"
+    return "\n".join(f"{i}. {f}" for i, f in enumerate(findings, start=1))
+
+
+def probe_alpn(
+    url: str, *, context: ssl.SSLContext | None = None, timeout: float = 5.0
+) -> str | None:
+    """Which protocol the server picks when offered ``h2`` and ``http/1.1`` (TLS ALPN).
+
+    Opens one TLS connection, handshakes, and closes it. Returns ``"h2"``, ``"http/1.1"`` or
+    None (no ALPN, or a plain ``http://`` URL, where nothing is negotiated).
+
+    Raises:
+        OSError: the server could not be reached or the handshake failed.
+    """
+    parts = urlsplit(url)
+    if parts.scheme != "https" or not parts.hostname:
+        return None
+    ctx = context or ssl.create_default_context()
+    ctx.set_alpn_protocols(["h2", "http/1.1"])  # as Client(http2=None) offers (``context`` too)
+    with socket.create_connection((parts.hostname, parts.port or 443), timeout=timeout) as raw:
+        with ctx.wrap_socket(raw, server_hostname=parts.hostname) as tls:
+            return tls.selected_alpn_protocol()

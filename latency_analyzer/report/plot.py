@@ -1,0 +1,377 @@
+"""matplotlib plots of one request and of many (``latency-analyzer[plots]``).
+
+* ``plot_waterfall(wf)``: a Gantt chart of one request. One row per client stage, the server
+  spans merge placed inside a stage on indented rows right under it, one row per profiled
+  thread at the bottom; token arrivals as ticks over the decode row; every bar labelled with
+  its duration; a dashed line at TTFT.
+* ``plot_set(data)``: a 2×2 figure of many requests: what P50/P95/P99 requests are made of,
+  latency over time with warm-up shaded, and TTFT/ITL distributions (CDF and histogram).
+
+Figures are built with ``matplotlib.figure.Figure`` (no pyplot, no GUI, no global state), so
+they render headless; ``fig.savefig("x.png")`` / ``.svg`` works. Colours: ``report.palette``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+
+from ..analysis import WaterfallSet
+from ..errors import UsageError
+from ..timeline import Span, Waterfall
+from .palette import colour, profile_colour
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+__all__ = [
+    "plot_attribution",
+    "plot_distributions",
+    "plot_over_time",
+    "plot_set",
+    "plot_waterfall",
+]
+
+_BANDS = (50.0, 95.0, 99.0)
+_LABEL_BOX = {
+    "boxstyle": "square,pad=0.1",
+    "facecolor": "white",
+    "edgecolor": "none",
+    "alpha": 0.85,
+}
+_BAND_HALF_WIDTH = 2.5  # percentile points either side of P50/P95/P99 averaged into its bar
+
+
+def _figure_class() -> type[Figure]:
+    try:
+        module = importlib.import_module("matplotlib.figure")
+    except ImportError as exc:
+        raise UsageError("plots need matplotlib: pip install 'latency-analyzer[plots]'") from exc
+    cls: type[Figure] = module.Figure
+    return cls
+
+
+def _new_axes(figsize: tuple[float, float]) -> Axes:
+    fig = _figure_class()(figsize=figsize, layout="constrained")
+    return fig.add_subplot()
+
+
+# -- one request ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Row:
+    label: str
+    lane: str  # client | server | profile
+    spans: tuple[Span, ...]
+    gid: str
+
+
+def _rows(wf: Waterfall) -> list[_Row]:
+    rows: list[_Row] = []
+    for stage in wf.root.children:
+        rows.append(_Row(stage.name, "client", (stage,), f"stage:{stage.name}"))
+        server: dict[str, list[Span]] = {}
+        for child in stage.children:
+            if child.source == "server":
+                server.setdefault(child.name, []).append(child)
+        for name, spans in server.items():
+            rows.append(_Row(f"↳ {name} (server)", "server", tuple(spans), f"server:{name}"))
+    threads: dict[str, list[Span]] = {}
+    for span in wf.root.walk():
+        if span.source == "profile":
+            threads.setdefault(str(span.attributes.get("thread", "main")), []).append(span)
+    for thread, spans in threads.items():
+        rows.append(_Row(f"profile: {thread}", "profile", tuple(spans), f"profile:{thread}"))
+    return rows
+
+
+def _label_text(ms: float) -> str:
+    return f"{ms:.2f} ms" if ms < 10 else f"{ms:.1f} ms"
+
+
+def _draw_row(ax: Axes, y: int, row: _Row, t0: int, index: int) -> None:
+    height = 0.62 if row.lane == "client" else 0.42
+    for span in row.spans:
+        left, width = (span.start_ns - t0) / 1e6, span.duration_ns / 1e6
+        fill = profile_colour(index) if row.lane == "profile" else colour(span.name)
+        ax.barh(
+            y,
+            width,
+            left=left,
+            height=height,
+            color=fill,
+            edgecolor="#333333",
+            linewidth=0.4,
+            gid=row.gid,
+            hatch="///" if row.lane == "server" else None,
+        )
+    if row.lane == "profile":
+        return
+    total = sum(s.duration_ns for s in row.spans) / 1e6
+    end = (max(s.end_ns for s in row.spans) - t0) / 1e6
+    ax.annotate(
+        _label_text(total),
+        (end, y),
+        xytext=(4, 0),
+        textcoords="offset points",
+        va="center",
+        fontsize=8,
+        color="#222222",
+        gid=f"label:{row.gid}",
+        bbox=_LABEL_BOX,  # lines (TTFT, grid) pass behind the text, not through it
+    )
+
+
+def _draw_tokens(ax: Axes, wf: Waterfall, y: float) -> None:
+    """Token arrivals as short ticks just above the decode bar, so they never hide it."""
+    xs = [(t - wf.start_ns) / 1e6 for t in wf.chunk_times_ns]
+    if xs:
+        ax.vlines(xs, y - 0.47, y - 0.33, colors="#222222", linewidth=0.7, gid="tokens")
+
+
+def _title(wf: Waterfall) -> str:
+    url = wf.url if len(wf.url) <= 70 else wf.url[:67] + "…"
+    how = "reused connection" if wf.connection.reused else "new connection"
+    version = f"HTTP/{wf.http_version}" if wf.http_version else "no response"
+    status = f"error: {wf.error_type}" if wf.error else f"status {wf.status}"
+    return f"{wf.method} {url}\n{status}, {version}, {how}, e2e {wf.e2e * 1e3:.1f} ms"
+
+
+def plot_waterfall(wf: Waterfall, ax: Axes | None = None) -> Axes:
+    """Draw one request as a waterfall; returns the Axes (``ax.figure`` is the figure).
+
+    Bars carry ``gid`` ``stage:<name>`` (client), ``server:<name>``, ``profile:<thread>``;
+    the token ticks are one ``LineCollection`` with gid ``tokens``.
+
+    Raises:
+        UsageError: matplotlib is not installed.
+    """
+    rows = _rows(wf)
+    if ax is None:
+        ax = _new_axes((10.0, 1.4 + 0.36 * max(len(rows), 3)))
+    for y, row in enumerate(rows):
+        _draw_row(ax, y, row, wf.start_ns, y)
+    gids = [r.gid for r in rows]
+    # ticks over decode; a one-chunk answer has no decode, so its token sits on first_token
+    for gid in ("stage:decode", "stage:first_token"):
+        if gid in gids:
+            _draw_tokens(ax, wf, gids.index(gid))
+            break
+    _decorate(ax, wf, rows)
+    return ax
+
+
+def _decorate(ax: Axes, wf: Waterfall, rows: Sequence[_Row]) -> None:
+    e2e_ms = wf.e2e * 1e3
+    ax.set_yticks(range(len(rows)), [r.label for r in rows], fontsize=9)
+    for tick, row in zip(ax.get_yticklabels(), rows, strict=True):
+        tick.set_color("#555555" if row.lane != "client" else "#000000")
+    ax.set_ylim(len(rows) - 0.4, -0.7)  # top to bottom in path order, room for token ticks
+    ax.set_xlim(0, max(e2e_ms, 1e-3) * 1.16)  # room for the last bar's label
+    ax.set_xlabel("ms since the request started")
+    ax.grid(axis="x", color="#DDDDDD", linewidth=0.6)
+    ax.set_axisbelow(True)
+    if wf.ttft is not None:
+        ttft = wf.ttft * 1e3
+        ax.axvline(ttft, color="#666666", linestyle="--", linewidth=0.8, gid="ttft")
+        ax.annotate(
+            f"TTFT {ttft:.1f} ms",
+            (ttft, -0.62),
+            xytext=(3, 0),
+            textcoords="offset points",
+            fontsize=8,
+            color="#444444",
+            va="top",
+        )
+    ax.axvline(e2e_ms, color="#999999", linewidth=0.8, gid="e2e")
+    ax.set_title(_title(wf), fontsize=9, loc="left")
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+
+
+# -- many requests ----------------------------------------------------------------------------
+def _as_set(data: WaterfallSet | Iterable[Waterfall]) -> tuple[WaterfallSet, list[float] | None]:
+    """The set, and per-token ITLs in seconds when waterfalls were given (a set has none)."""
+    if isinstance(data, WaterfallSet):
+        return data, None
+    wfs = list(data)
+    ws = WaterfallSet()
+    ws.extend(wfs)
+    return ws, [g for wf in wfs if wf.ok for g in wf.itl]
+
+
+def _kept(ws: WaterfallSet) -> npt.NDArray[np.bool_]:
+    return np.asarray(ws.ok & ~ws.warmup, dtype=bool)
+
+
+def _band_means(ws: WaterfallSet) -> list[tuple[str, int, dict[str, float]]]:
+    """For P50/P95/P99 of e2e: the mean attribution (ms) of the requests around it."""
+    keep = _kept(ws)
+    e2e = ws.column("e2e_ns")[keep]
+    if e2e.size == 0:
+        return []
+    ranks = 100.0 * (np.argsort(np.argsort(e2e, kind="stable")) + 0.5) / e2e.size
+    stages = {s: ws.column(f"stage:{s}")[keep] / 1e6 for s in ws.stages}
+    out = []
+    for p in _BANDS:
+        near = np.abs(ranks - p) <= _BAND_HALF_WIDTH
+        if not near.any():
+            near = np.abs(ranks - p) == np.abs(ranks - p).min()
+        means = {s: float(v[near].mean()) for s, v in stages.items() if v[near].any()}
+        out.append((f"P{p:g}", int(near.sum()), means))
+    return out
+
+
+def plot_attribution(ws: WaterfallSet, ax: Axes | None = None) -> Axes:
+    """Stacked bars: what a P50, P95 and P99 request (by e2e) spends in each stage.
+
+    Each bar is the mean attribution of the requests whose e2e lies within ±2.5 percentile
+    points of that percentile, so its segments add up to (about) that percentile's e2e.
+    """
+    ax = ax if ax is not None else _new_axes((9.0, 3.2))
+    bands = _band_means(ws)
+    seen: list[str] = []
+    for y, (_, _, means) in enumerate(bands):
+        left = 0.0
+        for stage, ms in means.items():
+            ax.barh(
+                y,
+                ms,
+                left=left,
+                color=colour(stage),
+                edgecolor="white",
+                linewidth=0.5,
+                height=0.6,
+                gid=f"band:{stage}",
+                label=None if stage in seen else stage,
+            )
+            seen.append(stage)
+            left += ms
+        ax.annotate(
+            _label_text(left),
+            (left, y),
+            xytext=(4, 0),
+            textcoords="offset points",
+            va="center",
+            fontsize=8,
+        )
+    ax.set_yticks(range(len(bands)), [f"{name} (n={n})" for name, n, _ in bands])
+    ax.set_ylim(len(bands) - 0.4, -0.6)
+    ax.set_xlim(0, max((sum(m.values()) for *_, m in bands), default=1.0) * 1.15)
+    ax.set_xlabel("ms (mean attribution of the requests around the percentile)")
+    ax.set_title("Where the time goes, by e2e percentile", fontsize=10, loc="left")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+    return ax
+
+
+def plot_over_time(ws: WaterfallSet, ax: Axes | None = None) -> Axes:
+    """TTFT and e2e of each request against its start time; warm-up requests shaded."""
+    ax = ax if ax is not None else _new_axes((9.0, 3.2))
+    t = ws.elapsed_s()
+    ok = np.asarray(ws.ok, dtype=bool)
+    e2e = ws.column("e2e_ns") / 1e6
+    ttft = ws.column("ttft_ns") / 1e6
+    ax.scatter(t[ok], e2e[ok], s=10, color=colour("decode"), label="e2e", gid="e2e")
+    ax.scatter(
+        t[ok], ttft[ok], s=10, color=colour("first_token"), marker="^", label="TTFT", gid="ttft"
+    )
+    if (~ok).any():
+        ax.scatter(t[~ok], e2e[~ok], s=18, color=colour("wait"), marker="x", label="failed")
+    warm = np.asarray(ws.warmup, dtype=bool)
+    if warm.any():
+        ax.axvspan(
+            0, float(t[warm].max()), color="#EEEEEE", zorder=0, gid="warmup", label="warm-up"
+        )
+    ax.set_xlabel("s since the first request")
+    ax.set_ylabel("ms")
+    ax.set_ylim(bottom=0)
+    ax.set_title("Latency over time", fontsize=10, loc="left")
+    ax.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return ax
+
+
+def _log_bins(*samples: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    vals = np.concatenate([s[s > 0] for s in samples]) if samples else np.zeros(0)
+    if vals.size == 0:
+        return np.array([0.1, 1.0])
+    lo, hi = float(vals.min()), float(vals.max())
+    return np.geomspace(lo * 0.9, hi * 1.1, 30)
+
+
+def _plain_log_ticks(ax: Axes) -> None:
+    """Ticks at 1-2-5 steps labelled as plain numbers: matplotlib's default labels every
+    minor tick of a short log axis as 2×10⁰, 3×10⁰ ..., which collide."""
+    ticker = importlib.import_module("matplotlib.ticker")
+    ax.xaxis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+
+
+def plot_distributions(
+    ws: WaterfallSet, ax_cdf: Axes, ax_hist: Axes, itl_s: Sequence[float] | None = None
+) -> tuple[Axes, Axes]:
+    """TTFT and ITL (per-token, from waterfalls) or TPOT (per request, from a set): their
+    CDFs and histograms on a log time axis (they differ by orders of magnitude)."""
+    ttft = ws.values("ttft") * 1e3
+    if itl_s is not None:
+        other, name = np.asarray([g for g in itl_s if g > 0]) * 1e3, "ITL (per token)"
+    else:
+        other, name = ws.values("tpot") * 1e3, "TPOT (per request)"
+    series = [("TTFT", ttft, colour("first_token")), (name, other, colour("decode"))]
+    bins = _log_bins(ttft, other)
+    for label, vals, fill in series:
+        if vals.size == 0:
+            continue
+        xs = np.sort(vals)
+        ys = np.arange(1, xs.size + 1) / xs.size
+        ax_cdf.step(xs, ys, where="post", color=fill, label=f"{label}, n={xs.size}", gid=label)
+        # as fractions: thousands of ITL samples would flatten a hundred TTFTs to nothing
+        weights = np.full(vals.size, 1.0 / vals.size)
+        ax_hist.hist(
+            vals, bins=list(bins), weights=weights, color=fill, alpha=0.6, label=label, gid=label
+        )
+    for ax, title, ylabel in (
+        (ax_cdf, "Distribution (CDF)", "fraction of samples ≤ x"),
+        (ax_hist, "Histogram", "fraction of samples"),
+    ):
+        ax.set_xscale("log")
+        _plain_log_ticks(ax)
+        ax.set_xlabel("ms (log scale)")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title, fontsize=10, loc="left")
+        ax.legend(fontsize=8, frameon=False, loc="best")
+        ax.grid(color="#EEEEEE", linewidth=0.6)
+    return ax_cdf, ax_hist
+
+
+def plot_set(data: WaterfallSet | Iterable[Waterfall], *, title: str | None = None) -> Figure:
+    """A 2×2 summary figure of many requests; returns the Figure.
+
+    Axes (``fig.axes``): attribution by percentile, latency over time, CDF, histogram.
+    Given waterfalls, the distributions show per-token ITL; given a ``WaterfallSet`` (which
+    keeps no token gaps), per-request TPOT.
+
+    Raises:
+        UsageError: matplotlib is not installed, or there are no requests.
+    """
+    ws, itl = _as_set(data)
+    if len(ws) == 0:
+        raise UsageError("nothing to plot: the set is empty")
+    fig = _figure_class()(figsize=(13.0, 8.0), layout="constrained")
+    grid = fig.subplots(2, 2)
+    plot_attribution(ws, grid[0][0])
+    plot_over_time(ws, grid[0][1])
+    plot_distributions(ws, grid[1][0], grid[1][1], itl)
+    counts = ws.counts()
+    fig.suptitle(
+        title
+        or f"{counts['requests']} requests, {counts['errors']} failed, "
+        f"{counts['warmup']} warm-up (left out of the statistics)",
+        fontsize=11,
+    )
+    return fig
