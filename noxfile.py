@@ -14,6 +14,7 @@ def tests(session: nox.Session) -> None:
     """The test suite against the installed package (loopback servers only)."""
     session.install(".[test]")
     session.run("pytest", *session.posargs)
+    session.run("pytest", "--nbmake", "examples/")  # the notebooks, against the test bed
 
 
 @nox.session
@@ -40,6 +41,7 @@ def bench(session: nox.Session) -> None:
     )
     session.run("python", "benchmarks/bench_http2.py", "--out", "bench-results/http2.json")
     session.run("python", "benchmarks/bench_load.py", "--out", "bench-results/load.json")
+    session.run("python", "benchmarks/bench_profile.py", "--out", "bench-results/profile.json")
 
 
 @nox.session
@@ -47,3 +49,10 @@ def demo(session: nox.Session) -> None:
     """The README's first command: the demo against built-in loopback servers."""
     session.install(".")
     session.run("latency-analyzer", "demo")
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """The user guide and API reference (mkdocs + mkdocstrings), built strictly into site/."""
+    session.install(".[dev]")
+    session.run("mkdocs", "build", "--strict", "-d", "site")

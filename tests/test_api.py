@@ -10,7 +10,7 @@ import ast
 import dataclasses
 import importlib
 import importlib.metadata
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -111,8 +111,9 @@ def _known_modules() -> set[str]:
     return {_module_name(p) for p in ROOT.rglob("*.py")}
 
 
-def _imports(path: Path) -> Iterator[str]:
-    """Every module ``path`` imports, absolute, at any depth of the file (functions included).
+def _imports(path: Path, nodes: Iterable[ast.AST] | None = None) -> Iterator[str]:
+    """Every module ``path`` imports, absolute, at any depth of the file (functions included),
+    or only those of ``nodes`` (parts of its tree) when given.
 
     ``from X import name`` yields ``X.name`` when that is a module of this package (a submodule
     import), else ``X``.
@@ -121,7 +122,7 @@ def _imports(path: Path) -> Iterator[str]:
     me = _module_name(path)
     package = me if _is_package(path) else me.rpartition(".")[0]
     known = _known_modules()
-    for node in ast.walk(tree):
+    for node in ast.walk(tree) if nodes is None else nodes:
         if isinstance(node, ast.Import):
             yield from (alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -178,12 +179,43 @@ def test_the_import_reader_resolves_relative_and_absolute_imports() -> None:
     assert any(v.endswith("imports latency_analyzer.errors") for v in flagged)
 
 
+#: Presentation a model method may load on first use (``wf.plot()``, ``_repr_html_``,
+#: ``wf.diagnose()``), never at import: importing the model loads none of it.
+LAZY_PRESENTATION = ("latency_analyzer.report", "latency_analyzer.diagnose")
+
+
+def _lazy_imports(path: Path) -> set[str]:
+    """Modules imported inside function bodies of ``path`` (resolved like ``_imports``)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    inner = [
+        n
+        for f in ast.walk(tree)
+        if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+        for n in ast.walk(f)
+        if isinstance(n, (ast.Import, ast.ImportFrom))
+    ]
+    return set(_imports(path, inner))
+
+
+def _allowed_lazily(path: Path, name: str) -> bool:
+    return _under(name, *LAZY_PRESENTATION) and name in _lazy_imports(path)
+
+
 def test_timeline_and_errors_are_pure() -> None:
-    """The model imports only itself and the exceptions, and no I/O library."""
+    """The model imports only itself and the exceptions, and no I/O library; presentation
+    only lazily, inside the methods that need it."""
     allowed = ("latency_analyzer.timeline", "latency_analyzer.errors")
-    found = _violations("timeline", allowed, IO_LIBRARIES)
-    found += _violations("errors", allowed, IO_LIBRARIES)
+    found = [
+        v
+        for sub in ("timeline", "errors")
+        for v in _violations(sub, allowed, IO_LIBRARIES)
+        if not _allowed_lazily(ROOT / v.split(" imports ")[0], v.split(" imports ")[1])
+    ]
     assert found == []
+    shims = ROOT / "timeline" / "_waterfall.py"
+    assert not any(
+        _under(n, *LAZY_PRESENTATION) for n in set(_imports(shims)) - _lazy_imports(shims)
+    )
 
 
 def _imports_of(subpackage: str, *targets: str) -> list[str]:
@@ -231,7 +263,16 @@ def test_server_side_knows_only_the_model() -> None:
 
 def test_analysis_does_not_reach_into_capture_load_or_presentation() -> None:
     banned = ("latency_analyzer.capture", "latency_analyzer.load", "latency_analyzer.report")
-    assert _imports_of("analysis", *banned, "latency_analyzer.cli", "latency_analyzer.server") == []
+    found = _imports_of("analysis", *banned, "latency_analyzer.cli", "latency_analyzer.server")
+    lazy = [
+        v for v in found if _allowed_lazily(ROOT / v.split(" imports ")[0], v.split(" imports ")[1])
+    ]
+    assert [v for v in found if v not in lazy] == []
+
+
+def test_profile_reads_the_model_only() -> None:
+    banned = ("latency_analyzer.capture", "latency_analyzer.report", "latency_analyzer.load")
+    assert _imports_of("profile", *banned, "latency_analyzer.cli", "latency_analyzer.testing") == []
 
 
 def test_load_does_not_use_the_test_bed_or_presentation() -> None:

@@ -349,6 +349,24 @@ class WaterfallSet:
             "span_s": span,
         }
 
+    # -- presentation, loaded on first use --
+    def plot(self, **kwargs: Any) -> Any:
+        """Attribution bars, TTFT/ITL distributions and latency over time (``[plots]``)."""
+        from ..report.plot import plot_set
+
+        return plot_set(self, **kwargs)
+
+    def diagnose(self, **kwargs: Any) -> list[Any]:
+        """Findings over the whole set, most time at stake first."""
+        from ..diagnose import diagnose_set
+
+        return diagnose_set(self, **kwargs)
+
+    def _repr_html_(self) -> str:
+        from ..report.html import set_html
+
+        return set_html(self)
+
     def summary(self, **kwargs: Any) -> Summary:
         """Percentiles with CIs for every metric and stage, counts and throughput."""
         from ._summary import Summary

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from ..errors import RequestError
+from ..errors import RequestError, UsageError
 from ._clock import ClockAnchor
 from ._span import AttrValue, Span, exclusive_ns
 from ._tokens import per_token_gaps_ns
@@ -194,6 +194,32 @@ class Waterfall:
         from ._serial import waterfall_from_dict
 
         return waterfall_from_dict(data)
+
+    # -- presentation, loaded on first use (the model itself imports none of it) --
+    def plot(self, ax: Any = None) -> Any:
+        """A waterfall/Gantt plot of this request (needs ``latency-analyzer[plots]``)."""
+        from ..report.plot import plot_waterfall
+
+        return plot_waterfall(self, ax)
+
+    def diagnose(self, **kwargs: Any) -> list[Any]:
+        """Findings (evidence, likely cause, remedy), most time at stake first."""
+        from ..diagnose import diagnose
+
+        return diagnose(self, **kwargs)
+
+    def _repr_html_(self) -> str:
+        from ..report.html import waterfall_html
+
+        return waterfall_html(self)
+
+    def _repr_png_(self) -> bytes | None:
+        from ..report.html import waterfall_png
+
+        try:
+            return waterfall_png(self)
+        except UsageError:  # matplotlib not installed: the HTML form still shows
+            return None
 
     def raise_for_error(self) -> Waterfall:
         """Raise ``RequestError`` if the request failed; return self otherwise."""
