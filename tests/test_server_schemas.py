@@ -59,8 +59,11 @@ def test_vllm_real_spans_derive_the_five_stages() -> None:
     assert got["preprocess"] == (0, ttft - queue - prefill)
     assert got["server_queue"] == (ttft - queue - prefill, queue)
     assert got["prefill"] == (ttft - prefill, prefill)
-    assert got["decode"] == (ttft, 25_806_360)
-    # vLLM's e2e < ttft + decode here (two processes' clocks): no postprocess, no last token
+    # vLLM's e2e < ttft + decode here (two processes' clocks): decode (25_806_360 ns in the
+    # engine) is clipped to end at e2e, the overshoot kept; no postprocess, no last token
+    e2e = 52_633_047
+    assert got["decode"] == (ttft, e2e - ttft)
+    assert st.attributes["server.decode_clipped_ns"] == 25_806_360 - (e2e - ttft)
     assert "postprocess" not in got and st.last_token_ns is None
     assert (st.first_token_ns, st.done_ns) == (a + ttft, a + 52_633_047)
     assert st.attributes["gen_ai.request.id"] == "chatcmpl-aad140f8ab2da499"

@@ -166,15 +166,22 @@ def _from_latency(root: ServerSpan, schema: str) -> ServerStages | None:
         return None
     a, ttft, e2e = root.start_ns, lat["ttft"], lat["e2e"]
     queue, prefill, decode = lat.get("queue", 0), lat.get("prefill", 0), lat.get("decode", 0)
+    # the engine's decode time, placed after the API process's first token, must still end by
+    # the API process's e2e: when the API process lags (seen with real vLLM under load) the
+    # sum overshoots and would reach past the client's last token
+    clipped = max(0, decode - max(0, e2e - ttft))
+    decode -= clipped
     parts = [("preprocess", ttft - queue - prefill), ("server_queue", queue), ("prefill", prefill)]
     stages, t = _sequence(a, parts, root.name)
     stages += _sequence(max(t, a + ttft), [("decode", decode)], root.name)[0]
     t = max(t, a + ttft) + max(decode, 0)
     stages += _sequence(t, [("postprocess", a + e2e - t)], root.name)[0]
-    kept = {k: v for k in _KEPT if (v := root.attributes.get(k)) is not None}
+    kept: dict[str, AttrValue] = {k: v for k in _KEPT if (v := root.attributes.get(k)) is not None}
+    if clipped:
+        kept["server.decode_clipped_ns"] = clipped
     # the last token as ttft + decode, trusted only when it precedes e2e (vLLM takes them
     # from two processes' clocks, and their sum can overshoot e2e by a fraction of a ms)
-    last = a + ttft + decode if "decode" in lat and ttft + decode <= e2e else None
+    last = a + ttft + decode if "decode" in lat and not clipped else None
     return ServerStages(
         schema, tuple(stages), a, a + ttft, a + e2e, root.span_id, kept, last_token_ns=last
     )
