@@ -528,6 +528,38 @@ def _server_timing(parts: list[tuple[str, int]]) -> str:
     return ", ".join(f"{name};dur={ns / 1e6:.3f}" for name, ns in parts)
 
 
+#: Upper bucket edges (seconds) of ``testbed_queue_time_seconds``, as vLLM's queue histogram.
+QUEUE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+def _exposition(waiting: int, running: int, requests: int, records: list[RequestRecord]) -> str:
+    """The server's own gauges in the Prometheus text format (version 0.0.4).
+
+    The queue-time histogram counts finished requests (as vLLM observes at completion).
+    """
+    waits = [r.slot_wait_ns / 1e9 for r in records]
+    lines = [
+        "# HELP testbed_requests_waiting Requests waiting for a slot.",
+        "# TYPE testbed_requests_waiting gauge",
+        f"testbed_requests_waiting {waiting}",
+        "# HELP testbed_requests_running Requests being served.",
+        "# TYPE testbed_requests_running gauge",
+        f"testbed_requests_running {running}",
+        "# HELP testbed_requests_total Completion requests received.",
+        "# TYPE testbed_requests_total counter",
+        f"testbed_requests_total {requests}",
+        "# HELP testbed_queue_time_seconds Time finished requests waited for a slot.",
+        "# TYPE testbed_queue_time_seconds histogram",
+    ]
+    for edge in QUEUE_BUCKETS:
+        count = sum(1 for w in waits if w <= edge)
+        lines.append(f'testbed_queue_time_seconds_bucket{{le="{edge}"}} {count}')
+    lines.append(f'testbed_queue_time_seconds_bucket{{le="+Inf"}} {len(waits)}')
+    lines.append(f"testbed_queue_time_seconds_sum {sum(waits)!r}")
+    lines.append(f"testbed_queue_time_seconds_count {len(waits)}")
+    return "\n".join(lines) + "\n"
+
+
 # --- the server ----------------------------------------------------------------------
 
 
@@ -538,7 +570,9 @@ class LLMServer(Service):
     """OpenAI-compatible SSE server on aiohttp.web, with precisely injected delays.
 
     Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions`` (streamed when
-    ``"stream": true``), ``GET /health`` and ``GET /v1/models``.
+    ``"stream": true``), ``GET /health``, ``GET /v1/models`` and ``GET /metrics`` (Prometheus
+    text: ``testbed_requests_waiting``, ``testbed_requests_running``, the counter
+    ``testbed_requests_total`` and the histogram ``testbed_queue_time_seconds``).
 
     Faults (``fault`` knob; "slot k" is when token chunk ``k = min(fault_after, chunks)``
     would be sent, ``chunks`` meaning right after the last one):
@@ -661,6 +695,7 @@ class LLMServer(Service):
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/metrics", self._metrics)
         self._slot_free = asyncio.Semaphore(self.slots) if self.slots else None
         endpoint = self.otel["otlp_endpoint"]
         if endpoint is not None:
@@ -716,6 +751,10 @@ class LLMServer(Service):
         model = {"id": self.behavior.model, "object": "model", "created": int(time.time())}
         model["owned_by"] = "latency-analyzer"
         return web.json_response({"object": "list", "data": [model]})
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        text = _exposition(self.waiting, self.running, self.requests, self.records)
+        return web.Response(text=text, content_type="text/plain", charset="utf-8")
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, chat=True)

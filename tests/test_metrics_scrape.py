@@ -1,0 +1,333 @@
+"""Scraping live endpoints: clock stamps against the server's own handling instant, gaps for
+hanging / failing / garbage endpoints, the test bed's own ``/metrics``, and the acceptance runs:
+a load at ρ > 1 whose queue gauge rises with TTFT and joins to each request, and a load whose
+rate does not move when the scrape endpoints misbehave.
+
+Servers are loopback aiohttp apps started here; the load target runs in its own process."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Literal
+
+import aiohttp
+import numpy as np
+import pytest
+from aiohttp import web
+
+from latency_analyzer.errors import UsageError
+from latency_analyzer.load import RunResult, Scenario, run
+from latency_analyzer.metrics import Scraper, Target, explain, join, parse, request_instants
+from latency_analyzer.metrics._join import correlate
+from latency_analyzer.testing import LLMServer, RequestRecord
+
+FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "real-servers"
+VLLM_TEXT = (FIXTURES / "vllm-0.32-metrics.prom").read_text()
+CHAT = "/v1/chat/completions"
+
+
+class Stub:
+    """Loopback metrics endpoints that behave well and badly; each handler stamps its entry."""
+
+    def __init__(self) -> None:
+        self.handled: dict[str, list[int]] = defaultdict(list)
+        self.hanging = 0
+        self.max_hanging = 0
+        self.port = 0
+        self._runner: web.AppRunner | None = None
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    async def __aenter__(self) -> Stub:
+        app = web.Application()
+        app.router.add_get("/vllm", self._vllm)
+        app.router.add_get("/hang", self._hang)
+        app.router.add_get("/500", self._500)
+        app.router.add_get("/garbage", self._garbage)
+        self._runner = web.AppRunner(app, shutdown_timeout=0.1, handler_cancellation=True)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._runner is not None
+        await self._runner.cleanup()
+
+    async def _vllm(self, request: web.Request) -> web.Response:
+        self.handled["/vllm"].append(time.perf_counter_ns())
+        return web.Response(text=VLLM_TEXT, content_type="text/plain")
+
+    async def _hang(self, request: web.Request) -> web.Response:
+        self.handled["/hang"].append(time.perf_counter_ns())
+        self.hanging += 1
+        self.max_hanging = max(self.max_hanging, self.hanging)
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            self.hanging -= 1
+        return web.Response()
+
+    async def _500(self, request: web.Request) -> web.Response:
+        self.handled["/500"].append(time.perf_counter_ns())
+        return web.Response(status=500, text="boom")
+
+    async def _garbage(self, request: web.Request) -> web.Response:
+        self.handled["/garbage"].append(time.perf_counter_ns())
+        return web.Response(text="<html>not metrics</html>", content_type="text/html")
+
+
+@pytest.fixture
+async def stub() -> AsyncIterator[Stub]:
+    async with Stub() as s:
+        yield s
+
+
+@pytest.mark.parametrize("parser", ["process", "thread"])
+async def test_each_scrape_is_stamped_around_the_servers_own_handling(
+    stub: Stub, parser: Literal["process", "thread"]
+) -> None:
+    target = Target(stub.url("/vllm"), name="vllm")
+    async with Scraper(target, interval=0.1, parser=parser) as scraper:
+        await asyncio.sleep(0.55)
+    cols = scraper.series.scrapes("vllm")
+    handled = np.array(stub.handled["/vllm"])
+    n = len(cols["ok"])
+    assert cols["ok"].all()
+    # stop() may cancel a scrape the server already answered: at most one handled, unstored
+    assert len(handled) - n in (0, 1)
+    inside = (cols["send_ns"][:, None] <= handled) & (handled <= cols["done_ns"][:, None])
+    # ground truth: each stored scrape's bracket holds the server's handling of exactly it
+    assert (inside.sum(axis=1) == 1).all()
+    # absolute ticks every 100 ms (6 in 0.55 s, fewer if a busy machine stalls us) + the final
+    assert 3 <= n <= 8
+    ticks = np.diff(cols["send_ns"][:-1]) / 1e9
+    assert np.median(ticks) == pytest.approx(0.1, abs=0.01)
+    assert len(scraper.series.find("vllm:num_requests_waiting")) == 1
+    waiting = scraper.series.gauge("vllm:num_requests_waiting")
+    np.testing.assert_array_equal(waiting.t_ns, cols["t_ns"])
+    assert waiting.values.tolist() == [0.0] * n
+
+
+async def test_failing_endpoints_are_gaps_with_reasons_and_never_pile_up(stub: Stub) -> None:
+    refused = socket_port_closed()
+    targets = [
+        Target(stub.url("/hang"), name="hang"),
+        Target(stub.url("/500"), name="500"),
+        Target(stub.url("/garbage"), name="garbage"),
+        Target(f"http://127.0.0.1:{refused}/metrics", name="down"),
+    ]
+    async with Scraper(targets, interval=0.1) as scraper:
+        await asyncio.sleep(0.5)
+    ms = scraper.series
+    by: dict[str, set[str]] = defaultdict(set)
+    for gap in ms.gaps:
+        by[gap.target].add(gap.reason)
+    assert by["hang"] == {"timeout after 0.1 s"}
+    assert by["500"] == {"http 500"}
+    (garbage,) = by["garbage"]
+    assert garbage.startswith("not a metrics exposition")
+    (down,) = by["down"]
+    assert "ClientConnectorError" in down
+    for t in ("hang", "500", "garbage", "down"):
+        assert not ms.scrapes(t)["ok"].any()
+        assert 5 <= len(ms.scrapes(t)["ok"]) <= 8  # every tick tried, one at a time
+    assert stub.max_hanging == 1  # a hanging endpoint never gets a second request at once
+    for gap in ms.gaps:
+        if gap.target == "hang":  # the timeout is the interval: 100 ms, not more
+            assert 0.1 <= (gap.end_ns - gap.start_ns) / 1e9 < 0.13
+
+
+def test_scraper_arguments_are_checked() -> None:
+    with pytest.raises(UsageError):
+        Scraper("http://127.0.0.1:1/metrics", interval=0.05)  # under the 100 ms floor
+    with pytest.raises(UsageError):
+        Scraper([])
+    with pytest.raises(UsageError):
+        Scraper(["http://127.0.0.1:1/metrics", "http://127.0.0.1:1/metrics"])  # one name twice
+    s = Scraper(Target("http://u:secret@127.0.0.1:1/metrics"), interval=2.0, timeout=5.0)
+    assert s.timeout == 2.0  # never longer than the interval
+    assert s.series.targets == {"127.0.0.1:1": "http://127.0.0.1:1/metrics"}  # no user info
+
+
+def socket_port_closed() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])  # closed on exit: connects are refused
+
+
+async def test_the_testbed_exposes_its_own_queue_gauges() -> None:
+    server = LLMServer(slots=1, header_delay=0.3, tokens=1)
+    await server.start()
+    try:
+        async with aiohttp.ClientSession() as session:
+            body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+            reqs = [
+                asyncio.create_task(session.post(server.url + CHAT, json=body)) for _ in range(3)
+            ]
+            await asyncio.sleep(0.1)
+            async with session.get(server.url + "/metrics") as resp:
+                text = await resp.text()
+                assert resp.status == 200
+            live = (server.waiting, server.running, server.requests)
+            for r in await asyncio.gather(*reqs):
+                r.release()
+            async with session.get(server.url + "/metrics") as resp:
+                after = parse(await resp.text())
+    finally:
+        await server.stop()
+    values = {s.name: s.value for s in parse(text)}
+    types = {s.family: s.type for s in parse(text)}
+    assert live == (2, 1, 3)  # the server's own attributes: the ground truth
+    assert (values["testbed_requests_waiting"], values["testbed_requests_running"]) == (2.0, 1.0)
+    assert values["testbed_requests_total"] == 3.0
+    assert types == {
+        "testbed_requests_waiting": "gauge",
+        "testbed_requests_running": "gauge",
+        "testbed_requests": "counter",
+        "testbed_queue_time_seconds": "histogram",
+    }
+    done = {s.name: s.value for s in after if s.name != "testbed_queue_time_seconds_bucket"}
+    waits = sorted(r.slot_wait_ns / 1e9 for r in server.records)
+    assert done["testbed_queue_time_seconds_count"] == 3
+    assert done["testbed_queue_time_seconds_sum"] == pytest.approx(sum(waits), abs=1e-9)
+    assert waits[-1] == pytest.approx(0.6, abs=0.05)  # two services of 0.3 s ahead of it
+    assert (done["testbed_requests_waiting"], done["testbed_requests_running"]) == (0.0, 0.0)
+
+
+def true_waiting(records: list[RequestRecord], lo: int, hi: int) -> tuple[int, int]:
+    """Least and most requests waiting for the slot at any instant in [lo, hi] (server
+    records: a request waited from ``received_ns - slot_wait_ns`` to ``received_ns``)."""
+    arr = np.array([r.received_ns - r.slot_wait_ns for r in records])
+    got = np.array([r.received_ns for r in records])
+    points = np.concatenate(
+        ([lo, hi], arr[(arr > lo) & (arr <= hi)], got[(got > lo) & (got <= hi)])
+    )
+    counts = [int(np.count_nonzero((arr <= t) & (t < got))) for t in points]
+    # just before each change too (a request that got the slot at t was waiting until t)
+    counts += [int(np.count_nonzero((arr <= t - 1) & (t - 1 < got))) for t in points[2:]]
+    return min(counts), max(counts)
+
+
+async def test_overload_queue_gauge_rises_with_ttft_and_joins_to_each_request() -> None:
+    """ρ ≈ 1.6: the test bed's queue grows through the run; scraped every 100 ms."""
+    interval = 0.1
+    for _attempt in range(3):  # a run stalled by the shared machine (> 100 ms) is rerun
+        with LLMServer(slots=1, header_delay=0.020, tokens=1).run_in_subprocess() as s:
+            sc = Scenario(s.url + CHAT, mode="open", rate=80.0, arrival="constant", duration=1.5)
+            target = Target(s.url + "/metrics", name="testbed")
+            async with Scraper(target, interval=interval) as scraper:
+                result = await run(sc, rtt_samples=0)
+            records = s.records
+        if result.client.loop_lag["max_s"] < 0.1:
+            break
+    ws, ms = result.set, scraper.series
+    assert not ms.gaps and len(ws) == 120 and ws.ok.all()
+    waiting = ms.gauge("testbed_requests_waiting")
+    assert waiting.values.max() >= 20  # 80/s offered, < 50/s served, for 1.5 s
+
+    cols = join(ws, ms, "testbed")
+    depth = cols["testbed_waiting@start"]
+    assert np.isfinite(depth).all()
+    rho_t = correlate(ws, cols, "ttft")
+    top = {c.column: c.rho for c in rho_t}
+    assert top["testbed_waiting@start"] > 0.9  # TTFT grew with the server's queue ...
+    assert abs(top["network(dns+connect+tls+send)"]) < 0.5  # ... not with the network
+    assert explain(ws, cols).startswith("ttft grew with testbed_waiting@")
+
+    # ground truth per request: the joined value is the server's true queue depth at the
+    # scrape it came from, the last one before the request's start, at most one interval
+    # earlier (+ 10 ms) for 95% of requests; a busy 2-core machine may delay one tick, so
+    # every request's is within two intervals
+    scr = ms.scrapes("testbed")
+    start = request_instants(ws, "start", ms)
+    idx = np.searchsorted(scr["t_ns"], start, side="right") - 1
+    ages = (start - scr["t_ns"][idx]) / 1e9
+    assert np.all(ages >= 0) and np.all(ages <= 2 * interval + 0.030), np.sort(ages)[-5:]
+    assert np.quantile(ages, 0.95) <= interval + 0.010
+    for i, k in enumerate(idx):
+        lo, hi = true_waiting(records, int(scr["send_ns"][k]), int(scr["done_ns"][k]))
+        assert lo <= depth[i] <= hi, (i, depth[i], lo, hi)
+
+    # "P99 TTFT when more than 8 requests were waiting" is a filter away
+    busy = ws.where(depth > 8)
+    calm = ws.where(depth <= 8)
+    assert 0 < len(busy) < len(ws)
+    assert busy.percentiles("ttft")["p99"].value > calm.percentiles("ttft")["p99"].value
+
+
+async def _rate_run(url: str, targets: list[Target] | None) -> tuple[RunResult, Scraper | None]:
+    """A constant 100/s open loop for 2 s; scraping (started before it, as documented) or not."""
+    sc = Scenario(url + CHAT, mode="open", rate=100.0, arrival="constant", duration=2.0)
+    if not targets:
+        return await run(sc, rtt_samples=0), None
+    scraper = Scraper(targets, interval=0.1)
+    await scraper.start()
+    try:
+        result = await run(sc, hooks=[scraper.hook], rtt_samples=0)
+    finally:
+        await scraper.stop()
+    return result, scraper
+
+
+def sent_rate(result: RunResult) -> float:
+    """Requests per second actually sent: the inverse of the least-squares slope of the
+    actual send instants (intended start + schedule lag) over the request index, so one
+    stall of a busy machine moves it little while a scraper delaying every send would not."""
+    ws = result.set
+    start = np.sort(ws.column("start_ns") + ws.column("stage:schedule_lag")) / 1e9
+    slope = np.polyfit(np.arange(start.size), start, 1)[0]
+    return float(1.0 / slope)
+
+
+async def test_misbehaving_scrape_endpoints_leave_the_load_rate_alone(stub: Stub) -> None:
+    """Acceptance: the same open loop with and without scraping a hanging, a 500, a garbage
+    and a big (vLLM-sized, parsed in the worker process) endpoint every 100 ms: request rates
+    within 2%, every request answered, the bad endpoints recorded as gaps.
+
+    Measured at a quiet moment (same setup, 4 pairs): rate 100.0 vs
+    100.0-100.1 /s; loop-lag max 1.5-3.9 ms without scraping, 3.6-4.0 ms with (one 38.6 ms);
+    the thread parser: 9-15 ms."""
+    targets = [
+        Target(stub.url(p), name=p.strip("/")) for p in ("/hang", "/500", "/garbage", "/vllm")
+    ]
+    with LLMServer(tokens=1).run_in_subprocess() as s:
+        for _attempt in range(3):
+            base, _ = await _rate_run(s.url, None)
+            scraped, scraper = await _rate_run(s.url, targets)
+            # a 2-core machine shared with other suites sometimes stalls this whole process
+            # for 0.5 s (seen in runs with and without scraping); the runner's loop monitor
+            # sees it, and such a pair is run again. A scraper stalling the loop itself would
+            # fail every attempt's rate check below.
+            if max(base.client.loop_lag["max_s"], scraped.client.loop_lag["max_s"]) < 0.1:
+                break
+    assert scraper is not None
+    assert int(scraped.set.ok.sum()) == int(base.set.ok.sum()) == 200
+    assert sent_rate(base) == pytest.approx(100.0, rel=0.02)
+    assert sent_rate(scraped) == pytest.approx(sent_rate(base), rel=0.02)
+    ms = scraper.series
+    assert {g.target for g in ms.gaps} >= {"hang", "500", "garbage"}
+    # the good endpoint kept being read; on a busy machine a 100 ms timeout may strike once
+    assert int(ms.scrapes("vllm")["ok"].sum()) >= 18
+    vllm_gaps = [g.reason for g in ms.gaps if g.target == "vllm"]
+    assert len(vllm_gaps) <= 2, vllm_gaps
+
+
+async def test_the_hook_alone_starts_and_stops_the_scraper(stub: Stub) -> None:
+    with LLMServer(tokens=1).run_in_subprocess() as s:
+        scraper = Scraper(Target(stub.url("/vllm"), name="vllm"), interval=0.1)
+        sc = Scenario(s.url + CHAT, mode="open", rate=50.0, arrival="constant", duration=1.5)
+        await run(sc, hooks=[scraper.hook], rtt_samples=0)
+    assert not scraper.running
+    # the parser process starts inside the run (~0.5 s of imports): scrapes begin late,
+    # which is why the docs start the scraper before the run
+    assert int(scraper.series.scrapes("vllm")["ok"].sum()) >= 3
+    assert not scraper.series.gaps
