@@ -270,6 +270,11 @@ def test_analysis_does_not_reach_into_capture_load_or_presentation() -> None:
     assert [v for v in found if v not in lazy] == []
 
 
+def test_metrics_do_not_reach_into_load_or_presentation() -> None:
+    banned = ("latency_analyzer.load", "latency_analyzer.report", "latency_analyzer.cli")
+    assert _imports_of("metrics", *banned, "latency_analyzer.testing") == []
+
+
 def test_profile_reads_the_model_only() -> None:
     banned = ("latency_analyzer.capture", "latency_analyzer.report", "latency_analyzer.load")
     assert _imports_of("profile", *banned, "latency_analyzer.cli", "latency_analyzer.testing") == []

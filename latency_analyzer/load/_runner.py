@@ -28,6 +28,7 @@ import numpy as np
 from ..analysis import Summary, Tags, WaterfallSet, fingerprint
 from ..capture.client import Client
 from ..errors import UsageError
+from ..metrics import MetricSeries, Scraper
 from ..timeline import Waterfall
 from ._dists import arrival_gaps
 from ._monitor import ClientHealth, LoopMonitor, Pacer
@@ -69,6 +70,7 @@ class RunResult:
     latency_growth: float | None = None
     target_saturated: bool = False
     notes: list[str] = field(default_factory=list)
+    metrics: MetricSeries | None = None  # server metrics scraped during the run, if any
 
     def summary(self, **kwargs: Any) -> Summary:
         """The set's summary with this run's notes (saturation, client health) added."""
@@ -231,6 +233,7 @@ async def run(
     headers: Mapping[str, str] | None = None,
     progress: Progress | None = None,
     rtt_samples: int = 5,
+    scraper: Scraper | None = None,
 ) -> RunResult:
     """Run ``scenario`` and return its set and self-check.
 
@@ -242,6 +245,8 @@ async def run(
         headers: sent with every request (e.g. Authorization); never stored.
         progress: called as ``progress(stored, total_or_None)`` after each request.
         rtt_samples: TCP connects for the fingerprint's base RTT (0: skip).
+        scraper: Prometheus endpoints scraped during the run; started (first scrape done)
+            before t0 unless already running, and stopped after. Its series is on the result.
     """
     meta = {
         "scenario": scenario.to_dict(),
@@ -257,6 +262,9 @@ async def run(
     )
     pacer = Pacer() if scenario.mode == "open" else None
     r = _Run(scenario, ws, client, worker, step, progress)
+    started = scraper is not None and not scraper.running
+    if scraper is not None and started:
+        await scraper.start()
     try:
         async with client, LoopMonitor() as mon:
             r.t0 = time.perf_counter_ns() + _LEAD_NS
@@ -265,9 +273,21 @@ async def run(
                 await (_open_loop(r, pacer) if pacer is not None else _closed_loop(r))
             finally:
                 await _finish_hooks(extra)
-        return _result(r, mon, pacer)  # before close: the result is noted in the file too
+        result = _result(r, mon, pacer)  # before close: the result is noted in the file too
     finally:
+        if scraper is not None:
+            await _stop_scraper(scraper, ws, started)
         ws.close()
+    result.metrics = None if scraper is None else scraper.series
+    return result
+
+
+async def _stop_scraper(scraper: Scraper, ws: WaterfallSet, started: bool) -> None:
+    if started:
+        await scraper.stop()
+    ms = scraper.series
+    path = None if ms.path is None else str(ms.path)
+    ws.note("metrics", {"file": path, "targets": list(ms.targets), "gaps": len(ms.gaps)})
 
 
 async def _finish_hooks(tasks: list[asyncio.Task[None]]) -> None:

@@ -18,9 +18,11 @@ import asyncio
 import json
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from ..analysis import WaterfallSet, check_claim, compare
+from ..metrics import Scraper, Target, summary_text
 from ._presets import PRESETS, length_buckets, preset_scenario, run_fault_injection
 from ._runner import Progress, RunResult, run
 from ._scenario import Scenario, load_scenario
@@ -46,6 +48,16 @@ def add_run_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--outage-at", type=float, default=3.0, metavar="SECONDS")
     p.add_argument("--outage", type=float, default=1.0, metavar="SECONDS")
+    p.add_argument(
+        "--scrape",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="a Prometheus /metrics endpoint to scrape during the run (repeatable)",
+    )
+    p.add_argument(
+        "--scrape-interval", type=float, default=1.0, metavar="SECONDS", help="Default: %(default)r"
+    )
     p.set_defaults(func=cmd_run)
 
 
@@ -109,7 +121,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             )
             result, extra["outage"] = fr.run, fr.outage.to_dict()
         else:
-            result = asyncio.run(run(sc, path=args.out, progress=update))
+            result = asyncio.run(run(sc, path=args.out, progress=update, scraper=_scraper(args)))
     finally:
         stop()
     if args.preset == "long_tail":
@@ -121,12 +133,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0 if result.set.counts()["errors"] == 0 else 1
 
 
+def _scraper(args: argparse.Namespace) -> Scraper | None:
+    if not args.scrape:
+        return None
+    path = Path(args.out).with_suffix(".metrics.jsonl")
+    return Scraper([Target(url) for url in args.scrape], interval=args.scrape_interval, path=path)
+
+
 def _print_run(result: RunResult, args: argparse.Namespace, extra: dict[str, Any]) -> None:
     summary = result.summary()
     if args.json:
         print(json.dumps({**summary.to_dict(), "run": result.to_dict(), **extra}))
         return
     print(summary.to_text())
+    if result.metrics is not None:
+        print(summary_text(result.metrics))
     for key, value in extra.items():
         print(f"{key}: {json.dumps(value)}")
     print(f"set written to {args.out}", file=sys.stderr)
