@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import io
 import json as _json
 import ssl as _ssl
@@ -57,12 +58,23 @@ def _tls_context(
     if context is not None and insecure:
         raise UsageError("give either ssl= (a context) or insecure=True, not both")
     if context is None:
-        context = _ssl.create_default_context()
-        if insecure:
-            context.check_hostname = False
-            context.verify_mode = _ssl.CERT_NONE
-    alpn = {False: ["http/1.1"], True: ["h2"], None: ["h2", "http/1.1"]}[http2]
-    context.set_alpn_protocols(alpn)
+        return _default_context(insecure, http2)
+    context.set_alpn_protocols(_ALPN[http2])
+    return context
+
+
+_ALPN: dict[bool | None, list[str]] = {False: ["http/1.1"], True: ["h2"], None: ["h2", "http/1.1"]}
+
+
+@functools.cache
+def _default_context(insecure: bool, http2: bool | None) -> _ssl.SSLContext:
+    """One context per setting and process: loading the system's CA store costs ~20 ms of CPU,
+    which every ``probe()`` (a new Client each time) would otherwise pay again."""
+    context = _ssl.create_default_context()
+    if insecure:
+        context.check_hostname = False
+        context.verify_mode = _ssl.CERT_NONE
+    context.set_alpn_protocols(_ALPN[http2])
     return context
 
 
