@@ -152,12 +152,15 @@ async def test_overload_is_reported_as_target_saturation(
         stream=False,
         seed=3,
     )
-    result = await run(sc, rtt_samples=0)
+    for _ in range(3):  # a run whose own client stalled (another process took the CPU) can't
+        result = await run(sc, rtt_samples=0)  # tell client from target: run it again
+        if not result.client.saturated:
+            break
+    assert not result.client.saturated, result.client
     assert result.issued == len(result.set) == 200
     assert result.target_saturated
     assert result.latency_growth is not None and result.latency_growth > 3
     assert any("TARGET is saturated" in n for n in result.summary().notes)
-    assert not result.client.saturated
 
 
 async def test_streamed_run_to_disk_reloads_identically(tmp_path: Path) -> None:
