@@ -89,3 +89,10 @@ def e2e(session: nox.Session) -> None:
         *session.posargs,
         env=env,
     )
+
+
+@nox.session
+def ray(session: nox.Session) -> None:
+    """Distributed load on a local Ray (2 CPUs, requests to 127.0.0.1 only): not in CI."""
+    session.install(".[test,ray]")
+    session.run("pytest", "-m", "ray", "tests/test_load_ray.py", *session.posargs)

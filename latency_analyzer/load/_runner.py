@@ -34,11 +34,13 @@ from ._dists import arrival_gaps
 from ._monitor import ClientHealth, LoopMonitor, Pacer
 from ._scenario import Scenario, Template
 
-__all__ = ["Hook", "RunResult", "run", "run_sync", "sweep"]
+__all__ = ["Hook", "RowSink", "RunResult", "run", "run_sync", "sweep"]
 
 #: Called with the run's t0 (``perf_counter_ns``) and run alongside it (fault injection).
 Hook = Callable[[int], Coroutine[Any, Any, None]]
 Progress = Callable[[int, int | None], None]
+#: Called with each stored row as it is stored (e.g. to stream it to another process).
+RowSink = Callable[[Waterfall, Tags], None]
 
 _LEAD_NS = 20_000_000  # t0 is this far in the future, so the first arrival is not born late
 _SATURATION_RATIO = 0.9
@@ -104,8 +106,11 @@ class _Run:
         worker: int,
         step: int,
         progress: Progress | None,
+        on_row: RowSink | None = None,
+        stop: asyncio.Event | None = None,
     ) -> None:
         self.sc, self.ws, self.client = sc, ws, client
+        self.on_row, self.stop = on_row, stop
         self.rng = random.Random(sc.seed)
         self.worker, self.step = worker, step
         self.progress = progress
@@ -131,10 +136,14 @@ class _Run:
         tags = Tags(self.sc.name, template.name, length, self.worker, self.step, warmup)
         self.ws.add(wf, tags)
         self.stored += 1
+        if self.on_row is not None:
+            self.on_row(wf, tags)
         if self.progress is not None:
             self.progress(self.stored, self.sc.requests)
 
     def past_deadline(self, t_ns: int) -> bool:
+        if self.stop is not None and self.stop.is_set():
+            return True  # a graceful stop: issue nothing more, let in-flight requests finish
         d = self.sc.duration
         return d is not None and t_ns >= self.t0 + round(d * 1e9)
 
@@ -218,6 +227,7 @@ async def _user(run: _Run, user: int) -> None:
 
 
 async def _closed_loop(run: _Run) -> None:
+    await asyncio.sleep(max(0, run.t0 - time.perf_counter_ns()) / 1e9)  # users start at t0
     await asyncio.gather(*(_user(run, u) for u in range(run.sc.concurrency)))
     run.issue_end_ns = time.perf_counter_ns()
 
@@ -234,6 +244,12 @@ async def run(
     progress: Progress | None = None,
     rtt_samples: int = 5,
     scraper: Scraper | None = None,
+    start_ns: int | None = None,
+    on_row: RowSink | None = None,
+    stop: asyncio.Event | None = None,
+    backend: str = "local",
+    workers: int = 1,
+    address: str | None = None,
 ) -> RunResult:
     """Run ``scenario`` and return its set and self-check.
 
@@ -247,7 +263,29 @@ async def run(
         rtt_samples: TCP connects for the fingerprint's base RTT (0: skip).
         scraper: Prometheus endpoints scraped during the run; started (first scrape done)
             before t0 unless already running, and stopped after. Its series is on the result.
+        start_ns: the run's t0 (``perf_counter_ns``), e.g. a start common to several
+            processes (None: 20 ms from now). Arrivals due before the run gets there are
+            issued late, and their lateness is ``schedule_lag``.
+        on_row: called with every stored row (waterfall and tags) as it is stored.
+        stop: once set, no further request is issued; in-flight ones finish and are stored.
+        backend: ``"local"`` (this process) or ``"ray"``: ``workers`` Ray actors share the load
+            (``address``: None starts a local Ray, or ``"auto"`` / ``"ray://host:port"``).
     """
+    if backend == "ray":
+        if hooks or progress or scraper or worker or step or start_ns or on_row or stop:
+            raise UsageError("backend='ray' takes no hooks/progress/scraper/worker/step/start")
+        from ._ray import run_ray
+
+        return await run_ray(
+            scenario,
+            workers=workers,
+            address=address,
+            path=path,
+            headers=headers,
+            rtt_samples=rtt_samples,
+        )
+    if backend != "local":
+        raise UsageError(f"backend must be 'local' or 'ray', not {backend!r}")
     meta = {
         "scenario": scenario.to_dict(),
         "fingerprint": fingerprint(scenario.url, scenario=None, rtt_samples=rtt_samples),
@@ -261,13 +299,13 @@ async def run(
         headers=headers,
     )
     pacer = Pacer() if scenario.mode == "open" else None
-    r = _Run(scenario, ws, client, worker, step, progress)
+    r = _Run(scenario, ws, client, worker, step, progress, on_row, stop)
     started = scraper is not None and not scraper.running
     if scraper is not None and started:
         await scraper.start()
     try:
         async with client, LoopMonitor() as mon:
-            r.t0 = time.perf_counter_ns() + _LEAD_NS
+            r.t0 = time.perf_counter_ns() + _LEAD_NS if start_ns is None else start_ns
             extra = [asyncio.create_task(h(r.t0)) for h in hooks]
             try:
                 await (_open_loop(r, pacer) if pacer is not None else _closed_loop(r))

@@ -58,6 +58,12 @@ def add_run_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
     p.add_argument(
         "--scrape-interval", type=float, default=1.0, metavar="SECONDS", help="Default: %(default)r"
     )
+    p.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="run on Ray workers: 'local' (start one here), 'auto' or 'ray://host:10001'",
+    )
+    p.add_argument("--workers", type=int, default=2, metavar="N", help="Default: %(default)r")
     p.set_defaults(func=cmd_run)
 
 
@@ -120,6 +126,11 @@ def cmd_run(args: argparse.Namespace) -> int:
                 )
             )
             result, extra["outage"] = fr.run, fr.outage.to_dict()
+        elif args.ray:
+            from ._ray import run_ray_sync
+
+            address = None if args.ray == "local" else args.ray
+            result = run_ray_sync(sc, workers=args.workers, path=args.out, address=address)
         else:
             result = asyncio.run(run(sc, path=args.out, progress=update, scraper=_scraper(args)))
     finally:
