@@ -20,11 +20,12 @@ import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
+from .._jsonl import JsonlWriter
 from ..errors import UsageError
 from ..timeline import Waterfall
 from ._columns import CATEGORICAL, COUNT_METRICS, TIME_METRICS, Columns, Tags, row_of, stage_order
@@ -69,24 +70,18 @@ class WaterfallSet:
         self.path = None if path is None else Path(path)
         self.damaged_lines = 0
         self._cols = Columns()
-        self._lines: list[str] = []
-        self._flush_every = max(1, flush_every)
-        self._fsync = fsync
-        self._file: IO[str] | None = None
+        self._out: JsonlWriter | None = None
         if self.path is not None:
-            self._file = self.path.open("w", encoding="utf-8")
-            self._write({"kind": "run", "schema": SET_SCHEMA, "meta": self.meta})
+            self._out = JsonlWriter(self.path, flush_every=flush_every, fsync=fsync)
+            self._out.write_now({"kind": "run", "schema": SET_SCHEMA, "meta": self.meta})
 
     # -- building -------------------------------------------------------------------------
     def add(self, wf: Waterfall, tags: Tags | None = None) -> None:
         """Add one waterfall as a row (and a JSONL line, when streaming)."""
         tags = tags or Tags()
         self._cols.append(*row_of(wf, tags))
-        if self._file is not None:
-            line = {"kind": "wf", "tags": tags.to_dict(), "wf": wf.to_dict()}
-            self._lines.append(json.dumps(line, separators=(",", ":")))
-            if len(self._lines) >= self._flush_every:
-                self.flush()
+        if self._out is not None:
+            self._out.append({"kind": "wf", "tags": tags.to_dict(), "wf": wf.to_dict()})
 
     def extend(self, wfs: Iterable[Waterfall], tags: Tags | None = None) -> None:
         for wf in wfs:
@@ -95,26 +90,19 @@ class WaterfallSet:
     def note(self, kind: str, data: Mapping[str, Any]) -> None:
         """Record run-level data (e.g. the end-of-run summary) in ``meta`` and the file."""
         self.meta[kind] = dict(data)
-        if self._file is not None:
-            self._write({"kind": "note", "name": kind, "data": dict(data)})
+        if self._out is not None:
+            self._out.write_now({"kind": "note", "name": kind, "data": dict(data)})
 
     def flush(self) -> None:
-        """Write buffered lines and flush them to the OS."""
-        if self._file is None:
-            return
-        if self._lines:
-            self._file.write("\n".join(self._lines) + "\n")
-            self._lines.clear()
-        self._file.flush()
-        if self._fsync:
-            os.fsync(self._file.fileno())
+        """Write buffered rows to the file now."""
+        if self._out is not None:
+            self._out.flush()
 
     def close(self) -> None:
         """Flush and close the file (the in-memory columns stay usable)."""
-        if self._file is not None:
-            self.flush()
-            self._file.close()
-            self._file = None
+        if self._out is not None:
+            self._out.close()
+            self._out = None
 
     def __enter__(self) -> WaterfallSet:
         return self
@@ -123,11 +111,6 @@ class WaterfallSet:
         self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
-
-    def _write(self, obj: Mapping[str, Any]) -> None:
-        assert self._file is not None
-        self._file.write(json.dumps(obj, separators=(",", ":")) + "\n")
-        self._file.flush()
 
     # -- loading and merging --------------------------------------------------------------
     @classmethod

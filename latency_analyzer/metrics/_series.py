@@ -28,11 +28,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from .._jsonl import JsonlWriter
 from ..errors import UsageError
 from ..timeline import ClockAnchor, process_anchor
 from ._parse import ParsedSample
@@ -113,15 +114,12 @@ class MetricSeries:
         self._ids: dict[tuple[str, str, Labels], int] = {}
         self._rows: list[array[int]] = []  # per series: indexes into its target's scrapes
         self._vals: list[array[float]] = []
-        self._lines: list[str] = []
-        self._flush_every = max(1, flush_every)
-        self._file: IO[str] | None = None
+        self._out: JsonlWriter | None = None
         if self.path is not None:
-            self._file = self.path.open("w", encoding="utf-8")
+            self._out = JsonlWriter(self.path, flush_every=flush_every)
             a = self.anchor
             anchor_d = {"perf_ns": a.perf_ns, "epoch_ns": a.epoch_ns, "unc_ns": a.uncertainty_ns}
-            self._emit({"kind": "metrics", "schema": METRICS_SCHEMA, "anchor": anchor_d})
-            self.flush()
+            self._out.write_now({"kind": "metrics", "schema": METRICS_SCHEMA, "anchor": anchor_d})
 
     # -- building -------------------------------------------------------------------------
     def add_target(self, name: str, url: str, interval_s: float) -> None:
@@ -179,27 +177,19 @@ class MetricSeries:
 
     # -- file -----------------------------------------------------------------------------
     def _emit(self, obj: Mapping[str, Any]) -> None:
-        if self._file is None:
-            return
-        self._lines.append(json.dumps(obj, separators=(",", ":")))
-        if obj["kind"] in ("scrape", "gap") and len(self._lines) >= self._flush_every:
-            self.flush()
+        if self._out is not None:  # a batch is flushed at scrape/gap lines, never mid-scrape
+            self._out.append(obj, counts=obj["kind"] in ("scrape", "gap"))
 
     def flush(self) -> None:
         """Write buffered lines and flush them to the OS."""
-        if self._file is None:
-            return
-        if self._lines:
-            self._file.write("\n".join(self._lines) + "\n")
-            self._lines.clear()
-        self._file.flush()
+        if self._out is not None:
+            self._out.flush()
 
     def close(self) -> None:
         """Flush and close the file (the columns stay usable)."""
-        if self._file is not None:
-            self.flush()
-            self._file.close()
-            self._file = None
+        if self._out is not None:
+            self._out.close()
+            self._out = None
 
     def __enter__(self) -> MetricSeries:
         return self
