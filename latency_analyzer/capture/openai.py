@@ -313,18 +313,22 @@ def _read_choices(choices: list[Any]) -> tuple[str, str, str | None]:
 
 
 def _read_choice(choice: Any) -> tuple[str, str, str | None]:
-    if not isinstance(choice, dict):
+    if type(choice) is not dict:
         return "", "", None
     message = choice.get("delta")
-    if not isinstance(message, dict):
+    if type(message) is not dict:
         message = choice.get("message")
     content = reasoning = ""
-    if isinstance(message, dict):
-        content = _str(message.get("content"))
-        reasoning = _str(message.get("reasoning_content")) or _str(message.get("reasoning"))
-    content += _str(choice.get("text"))
+    if type(message) is dict:
+        value = message.get("content")
+        content = value if type(value) is str else ""
+        value = message.get("reasoning_content") or message.get("reasoning")
+        reasoning = value if type(value) is str else ""
+    text = choice.get("text")  # completions
+    if type(text) is str:
+        content += text
     reason = choice.get("finish_reason")
-    return content, reasoning, reason if isinstance(reason, str) else None
+    return content, reasoning, reason if type(reason) is str else None
 
 
 def _str(value: Any) -> str:

@@ -24,6 +24,7 @@ _BOM = b"\xef\xbb\xbf"
 _COLON = 0x3A
 _LF = 0x0A
 _CR = 0x0D
+_SPACE = 0x20
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +45,16 @@ class SSEEvent:
     id: str | None
     retry: int | None
     time_ns: int
+
+
+def _is_single_data_event(data: bytes) -> bool:
+    """``data:`` + one line + a blank line, with LF endings only (anything else: slow path)."""
+    return (
+        data[:5] == b"data:"
+        and data[-2:] == b"\n\n"
+        and data.count(b"\n", 0, -2) == 0
+        and b"\r" not in data
+    )
 
 
 class SSEParser:
@@ -91,6 +102,13 @@ class SSEParser:
         """
         if self._closed:
             raise RuntimeError("SSEParser.feed() called after close()")
+        if self._idle_between_events() and _is_single_data_event(data):
+            # the usual shape of a streamed token: one "data: ...\n\n" per read
+            value = data[6:-2] if data[5] == _SPACE else data[5:-2]
+            text = value.decode("utf-8", "replace")
+            return [
+                SSEEvent(data=text, event="message", id=self._last_id, retry=None, time_ns=time_ns)
+            ]
         if self._skip_lf and data:
             self._skip_lf = False
             if data[0] == _LF:
@@ -127,6 +145,10 @@ class SSEParser:
             self._closed = True
             self._truncated = bool(self._tail) or self._in_event
         return []
+
+    def _idle_between_events(self) -> bool:
+        """Nothing pending: no partial line, no field of an undispatched event, BOM settled."""
+        return self._bom_checked and not (self._tail or self._in_event or self._skip_lf)
 
     def _strip_bom(self, data: bytes) -> bytes:
         """Drop one leading UTF-8 BOM, which may itself arrive split across feeds."""
