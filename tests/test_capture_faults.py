@@ -243,3 +243,29 @@ def test_bad_url_is_a_usage_error() -> None:
         la.probe("ftp://example.invalid/")
     with pytest.raises(la.UsageError):
         la.probe("http://127.0.0.1/", ssl=ssl.create_default_context(), insecure=True)
+
+
+async def test_bodiless_responses_on_a_reused_connection_keep_their_wait() -> None:
+    """HEAD responses share aiohttp's one empty payload: each still gets its own headers time."""
+    from aiohttp import web
+
+    async def slow_head(request: web.Request) -> web.Response:
+        await asyncio.sleep(0.05)
+        return web.Response(body=b"abc")  # Content-Length: 3, no body: HEAD
+
+    app = web.Application()
+    app.router.add_route("HEAD", "/", slow_head)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        async with la.Client(f"http://127.0.0.1:{port}") as client:
+            wfs = [await client.request("/", method="HEAD") for _ in range(3)]
+    finally:
+        await runner.cleanup()
+    assert [wf.connection.reused for wf in wfs] == [False, True, True]
+    for wf in wfs:
+        assert_exact(wf)
+        assert wf.attribution()["wait"] >= 0.05 and wf.attribution()["send"] < 0.005

@@ -290,3 +290,60 @@ async def test_nginx_http2_and_curl_agree(nginx: str, ca: TestCA, tmp_path: Path
     # machine weighs on both sides of a pair alike
     gaps = [a - b for a, b in zip(setup, curl_times, strict=True)]
     assert abs(statistics.median(gaps)) <= 0.0005, (setup, curl_times)
+
+
+# -- regressions found in review --
+
+
+async def test_waiters_on_a_dial_that_chose_http11_do_not_queue_behind_its_body(
+    ca: TestCA,
+) -> None:
+    """http2=None, a fresh HTTPS origin that speaks only HTTP/1.1: the request waiting for the
+    first dial learns 'HTTP/1.1' at the handshake, not after the first response's last byte."""
+    server = LLMServer(ssl=ca.server_context(alpn=("http/1.1",)), decode=0.05, tokens=6)
+    async with server, la.Client(server.url, ssl=ca.client_context()) as client:
+        first, second = await asyncio.gather(
+            client.request("/v1/chat/completions", json=_body()),
+            client.request("/v1/chat/completions", json=_body()),
+        )
+    for wf in (first, second):
+        assert _check(wf).ok and wf.http_version == "1.1"
+    assert second.attribution()["pool_wait"] < 0.05  # not the first's ~0.25 s stream
+    assert sum(s.name == "pool_wait" for s in second.root.children) == 1
+
+
+class _StubTransport(asyncio.Transport):
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        pass
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
+
+    def is_closing(self) -> bool:
+        return False
+
+    def write(self, data: object) -> None:
+        pass
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+
+async def test_a_cancelled_slot_waiter_passes_its_wake_up_on() -> None:
+    """One slot, two waiters: the stream ends and the first waiter is cancelled in the same
+    loop step; the second must get the slot, not wait for its own timeout."""
+    from latency_analyzer.capture.http2 import H2Connection
+
+    class OneSlot(H2Connection):
+        max_streams = 1  # type: ignore[assignment]
+
+    conn = OneSlot(_StubTransport(), None, None)
+    conn._streams[1] = object()  # type: ignore[assignment]
+    first = asyncio.create_task(conn.acquire_slot())
+    second = asyncio.create_task(conn.acquire_slot())
+    await asyncio.sleep(0)
+    conn._streams.pop(1)
+    conn._wake_slot()
+    first.cancel()
+    await asyncio.wait_for(second, 1.0)  # TimeoutError here is the bug
+    assert first.cancelled()

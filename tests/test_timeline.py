@@ -216,3 +216,13 @@ def test_json_round_trip_is_exact() -> None:
     assert again.attribution_ns() == wf.attribution_ns() and again.itl == wf.itl
     with pytest.raises(UsageError):
         Waterfall.from_dict({**wf.to_dict(), "schema": 99})
+
+
+def test_a_request_started_before_its_intended_start_still_spans_its_stages() -> None:
+    rec = Recorder("GET", "http://x/", start_ns=1_000, intended_start_ns=1_500)
+    rec.add("send", 1_100, 1_200)
+    rec.response_headers(1_300, 200)
+    wf = rec.finish(2_000)
+    assert wf.start_ns == 1_000 and wf.e2e_ns == 1_000
+    assert wf.attribution_ns()["schedule_lag"] == 0
+    assert sum(wf.attribution_ns().values()) == wf.e2e_ns

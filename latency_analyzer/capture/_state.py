@@ -30,7 +30,7 @@ CURRENT: ContextVar[RequestState | None] = ContextVar("latency_analyzer_request"
 class RequestState:
     """The recorder of one request plus the trace hook, as the capture code sees them."""
 
-    __slots__ = ("body_end_ns", "h2_mode", "protocol", "recorder", "trace")
+    __slots__ = ("alpn_settled", "body_end_ns", "h2_mode", "protocol", "recorder", "trace")
 
     def __init__(self, recorder: Recorder, trace: TraceHook | None = None) -> None:
         self.recorder = recorder
@@ -41,6 +41,8 @@ class RequestState:
         self.body_end_ns: int | None = None
         # None: HTTP/1.1 only; "prefer": hand over if ALPN picks h2; "require": h2 or fail
         self.h2_mode: str | None = None
+        # called once the TLS handshake chose HTTP/1.1 for a dial others may be waiting on
+        self.alpn_settled: Callable[[], None] | None = None
 
     def begin(self, stage: str, t_ns: int, **attrs: AttrValue) -> None:
         self.recorder.begin(stage, t_ns, **attrs)

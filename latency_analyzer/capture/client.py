@@ -245,13 +245,17 @@ class Client:
             if not state.recorder.is_open("pool_wait"):  # the first stream is being dialled
                 state.begin("pool_wait", now_ns())
             await asyncio.wait_for(asyncio.shield(dialling), _left(deadline))
-        if state.recorder.is_open("pool_wait"):
-            state.end("pool_wait", now_ns())
+        # a pool_wait still open (waiting on another request's dial) goes on in the connector
         dialler = state.h2_mode is not None and origin not in self._h2.http1_origins
         if dialler:
             self._h2.begin_dial(origin)
+            # settled as soon as ALPN is known, not when this request's body ends: others
+            # waiting on this dial must not queue behind a whole HTTP/1.1 response
+            state.alpn_settled = lambda: self._h2.end_dial(origin, None, http1=True)
         try:
-            timer = aiohttp.ClientTimeout(total=limit)  # aiohttp's own: no extra task per request
+            # aiohttp's own timeout (no extra task per request), for the time left, exact
+            # (above ceil_threshold aiohttp rounds a timeout up to the next whole second)
+            timer = aiohttp.ClientTimeout(total=_left(deadline), ceil_threshold=1e9)
             await self._exchange(state, method, url, json, data, headers, timer)
         except HandoffToHTTP2 as handoff:
             conn = H2Connection(handoff.transport, handoff.tls, handoff.peer)

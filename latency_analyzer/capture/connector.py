@@ -107,6 +107,9 @@ class TimedProtocol(ResponseHandler):
     def attach(self, state: RequestState) -> None:
         """Pin the request now using this connection (protocol callbacks cannot see ContextVars)."""
         self.state = state
+        # the previous response's payload may be aiohttp's shared empty one (HEAD, 204),
+        # which the next bodiless response reuses: forget it, so new headers are seen as new
+        self._payload = None
         early, self.early = self.early, None
         for data, _ in early or ():  # an HTTP/1.1 server that spoke first: let aiohttp judge
             super().data_received(data)
@@ -209,7 +212,8 @@ class TimedConnector(TCPConnector):
         state = CURRENT.get()
         if state is None:
             return await super().connect(req, traces, timeout)
-        state.begin("pool_wait", now_ns())
+        if not state.recorder.is_open("pool_wait"):  # else: already waiting on another's dial
+            state.begin("pool_wait", now_ns())
         conn = await super().connect(req, traces, timeout)
         if state.recorder.is_open("pool_wait"):  # reused: no new connection was opened
             state.end("pool_wait", now_ns())
@@ -292,6 +296,9 @@ def _maybe_hand_over(
         transport.close()
         chosen = repr(alpn) if alpn else "no protocol"
         raise HTTP2Refused(f"HTTP/2 required but the server's ALPN chose {chosen} (we offered h2)")
+    if tls and alpn != "h2" and state.alpn_settled is not None:  # HTTP/1.1: tell the waiters
+        state.alpn_settled()
+        state.alpn_settled = None
     if alpn == "h2" or (not tls and state.h2_mode == "require"):
         transport.pause_reading()  # nothing more for aiohttp's parser; the new owner resumes
         early = cast(TimedProtocol, proto).early or []

@@ -188,6 +188,10 @@ class H2Connection(asyncio.Protocol):
             self._slot_waiters.append(waiter)
             try:
                 await waiter
+            except asyncio.CancelledError:
+                if waiter.done() and not waiter.cancelled():
+                    self._wake_slot()  # we were handed a slot but cannot take it: pass it on
+                raise
             finally:
                 if waiter in self._slot_waiters:
                     self._slot_waiters.remove(waiter)

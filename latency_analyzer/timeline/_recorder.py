@@ -143,7 +143,9 @@ class Recorder:
             self.end(name, t_ns, interrupted=self.interrupted)
         end_ns = max([t_ns, *(s.end_ns for s in self._spans)])
         spans = [*self._lag_span(), *self._spans, *self._response_spans(end_ns)]
-        root_start = self.start_ns if self.intended_start_ns is None else self.intended_start_ns
+        # a request a scheduler started early (clock conversion, a few µs) starts when it did
+        intended = self.intended_start_ns
+        root_start = self.start_ns if intended is None else min(self.start_ns, intended)
         root = Span(ROOT_NAME, root_start, end_ns, "client", {}, tuple(spans))
         times, tokens, n_out, source = self._token_counts()
         reasoning = [c.time_ns for c in self._chunks if c.reasoning]
