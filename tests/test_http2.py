@@ -71,7 +71,7 @@ async def test_alpn_h2_and_injected_delays(h2_tls: SubprocessH2LLMServer, ca: Te
     assert not any({"dns", "connect", "tls", "h2_setup"} & set(wf.stages) for wf in rest)
     recovered = _median(wfs, "wait") - _median(base, "wait")
     assert abs(recovered - HEADER_DELAY) <= tolerance(HEADER_DELAY)
-    assert _median(base, "wait") < 0.002
+    assert _median(base, "wait") < 0.005  # the server's own handling, small beside 20 ms
     assert abs(_median(wfs, "first_token") - PREFILL) <= tolerance(PREFILL)
     decode = (TOKENS - 1) * DECODE
     assert abs(_median(wfs, "decode") - decode) <= tolerance(decode)
@@ -104,7 +104,7 @@ async def test_max_concurrent_streams_queue_shows_as_pool_wait() -> None:
     assert all(_check(wf).ok for wf in wfs)
     waits = sorted(wf.attribution()["pool_wait"] for wf in wfs)
     waves = [statistics.median(waits[i : i + 4]) for i in (0, 4, 8)]
-    assert waves[0] < 0.002
+    assert waves[0] < 0.005  # no slot wait: only the loop running the other 11 requests' set-up
     assert waves[1] == pytest.approx(service, abs=0.005)
     assert waves[2] == pytest.approx(2 * service, abs=0.008)
 
