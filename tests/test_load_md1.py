@@ -83,8 +83,12 @@ async def test_poisson_open_loop_at_rho_08_matches_md1() -> None:
             seed=7,
             name="md1",
         )
-        result = await run(sc, rtt_samples=0)
-        recs = server.records[len(recs) :]
+        for _ in range(3):  # a run whose own client stalled (another process took the CPU)
+            seen = len(server.records)  # measures the host, not the queue: run it again
+            result = await run(sc, rtt_samples=0)
+            if not result.client.saturated:
+                break
+        recs = server.records[seen:]
     ws = result.set
     assert result.issued == len(ws) == len(recs) == REQUESTS
     assert not result.client.saturated and not result.target_saturated
