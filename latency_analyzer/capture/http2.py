@@ -250,14 +250,14 @@ class H2Connection(asyncio.Protocol):
             )
             if window <= 0:
                 blocked = now_ns()
-                await self._wait_window()
+                await self._wait_for_room()
                 stream.flow_wait_ns += now_ns() - blocked
                 continue
             chunk, view = view[:window], view[window:]
             self._h2.send_data(stream_id, bytes(chunk), end_stream=not view)
             self._flush(stream)
             if self.backlog:
-                await self._drained()
+                await self._wait_for_room()
 
     def _cancel(self, stream_id: int) -> None:
         stream = self._streams.get(stream_id)
@@ -277,12 +277,8 @@ class H2Connection(asyncio.Protocol):
             if stream is not None:
                 stream.last_write_ns = now_ns()
 
-    async def _drained(self) -> None:
-        waiter = self._loop.create_future()
-        self._window_waiters.append(waiter)
-        await waiter
-
-    async def _wait_window(self) -> None:
+    async def _wait_for_room(self) -> None:
+        """Until a WINDOW_UPDATE arrives or our write backlog drains (either may let us send)."""
         waiter = self._loop.create_future()
         self._window_waiters.append(waiter)
         await waiter
