@@ -1,8 +1,9 @@
 """Distributed load on Ray: splitting, merging, a dead worker, a stop, against the test bed.
 
 The pure parts (splitting, the RTT warning) run everywhere. The Ray tests are marked ``ray``
-(deselected by default; ``nox -s ray`` runs them): a local Ray (``num_cpus=2``, bound to
-127.0.0.1 as far as Ray allows) started by the fixture, two workers, and the test-bed server in
+(deselected by default; ``nox -s ray`` runs them in a network namespace whose only interface
+is loopback, since Ray's daemons listen on every interface): a local Ray (``num_cpus=2``)
+started by the fixture, two workers, and the test-bed server in
 its own process. Ground truth: the scenario's schedule (constant arrivals: R·D requests, none
 of Poisson's noise) and the server's own request records.
 """
@@ -36,6 +37,7 @@ from latency_analyzer.load._ray import (
     split_scenario,
 )
 from latency_analyzer.testing import LLMServer
+from latency_analyzer.testing.netns import only_loopback
 from latency_analyzer.timeline import process_anchor
 
 CHAT = "/v1/chat/completions"
@@ -110,7 +112,16 @@ def ray_local() -> Iterator[Any]:
         if os.environ.get("CI") == "true":
             pytest.fail("ray is not installed in CI: run `nox -s ray`")
         pytest.skip("ray is not installed (pip install '.[ray]', or `nox -s ray`)")
+    if not only_loopback():
+        why = (
+            "Ray listens on every interface: run these through `nox -s ray`, which isolates"
+            " them in a network namespace with only loopback"
+        )
+        if os.environ.get("CI") == "true":
+            pytest.fail(why)
+        pytest.skip(why)
     ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    assert {n["NodeManagerAddress"] for n in ray.nodes()} == {"127.0.0.1"}
     yield ray
     ray.shutdown()
 
@@ -167,10 +178,12 @@ def test_two_workers_add_up_to_the_rate_and_match_a_local_run(
     # this deterministic server are ±0.05 ms, narrower than the run-to-run noise of 2 shared
     # cores (two local runs: ±0.3 ms; ray vs local: -0.5..+1.0 ms measured), so a pair
     # whose CIs miss each other may still differ by at most 1 ms (4% of e2e, 9% of TTFT).
+    print(f"\nray: {len(ws)} requests from 2 workers, achieved {res.achieved_rps:.2f} req/s")
     for metric in ("ttft", "e2e"):
         a, b = ws.percentiles(metric), local.set.percentiles(metric)
         for p in ("p50", "p95"):
             gap = abs(a[p].value - b[p].value)
+            print(f"{metric} {p}: ray {a[p]} local {b[p]}")
             assert _overlap(a[p], b[p]) or gap <= 0.001, (metric, p, a[p], b[p])
 
 
@@ -217,6 +230,7 @@ def test_a_killed_worker_keeps_what_it_streamed(ray_local: Any, tmp_path: Path) 
     per_s = rate / 2
     assert (kill_after - 0.5) * per_s <= w1.rows <= (kill_after + 0.1) * per_s
     assert w1.lost == 80 - w1.rows and res.lost == w1.lost  # reported, never silent
+    print(f"\nkilled worker: survivor {w0.rows} rows, dead {w1.rows} kept, {w1.lost} lost")
     assert any("worker 1" in n and "DIED" in n for n in res.notes)
     dead = ws.filter(worker=1)
     assert len(dead) == w1.rows and int(dead.column("epoch_ns").max()) < kill_epoch
