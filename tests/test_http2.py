@@ -269,7 +269,11 @@ def _curl_setup_time(curl: str, port: int, cafile: Path) -> tuple[float, set[str
 
 
 async def test_nginx_http2_and_curl_agree(nginx: str, ca: TestCA, tmp_path: Path) -> None:
-    """Alternating curl and our client, 30 cold connections each, so drift hits both alike."""
+    """Alternating curl and our client, 30 cold connections each, so drift hits both alike.
+
+    Each side is measured the same way: a first connection (``/health``) that warms the process
+    after its idle wait, then the measured one. curl counts only its second connection too.
+    """
     curl, cafile = _need("curl"), ca.ca_pem_path(tmp_path)
     port = int(nginx.rsplit(":", 1)[1])
     url = f"{nginx}/v1/chat/completions"
@@ -281,6 +285,8 @@ async def test_nginx_http2_and_curl_agree(nginx: str, ca: TestCA, tmp_path: Path
     gc.disable()  # a collection landing inside a handshake is this test's noise, not the client's
     try:
         for _ in range(30):
+            async with la.Client(ssl=ca.client_context()) as client:
+                assert (await client.request(f"{nginx}/health", method="GET")).ok
             async with la.Client(ssl=ca.client_context()) as client:
                 ours.append(_check(await client.request(url, json=_body())))
             took, versions = _curl_setup_time(curl, port, cafile)
@@ -296,10 +302,10 @@ async def test_nginx_http2_and_curl_agree(nginx: str, ca: TestCA, tmp_path: Path
     # paired: each of ours beside the curl run right after it, so a busy moment on a shared
     # machine weighs on both sides of a pair alike
     gaps = [a - b for a, b in zip(setup, curl_times, strict=True)]
-    # Issue 3 asks for 0.5 ms; on this 2-core host our asyncio connect + TLS runs 0.22-0.61 ms
-    # slower than curl's C at the median (the bound failed 2 of ~15 runs), so the test holds
-    # 1 ms and the 0.5 ms criterion stays open on the issue.
-    assert abs(statistics.median(gaps)) <= 0.001, (setup, curl_times)
+    # Issue 3's bound. Measured on 2 shared cores: -0.12..+0.25 ms over 14 runs. Before each
+    # side got its warming first connection and before the prompt-connect socket, 0.22-0.61 ms.
+    print(f"\nconnect+tls minus curl's, median of 30 pairs: {statistics.median(gaps) * 1e3:.3f} ms")
+    assert abs(statistics.median(gaps)) <= 0.0005, (setup, curl_times)
 
 
 # -- regressions found in review --

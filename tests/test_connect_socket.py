@@ -1,0 +1,77 @@
+"""The connector's sockets: a handshake finished inside ``connect`` is reported at once.
+
+Ground truth is the kernel's: ``getpeername`` on the socket, and a listener whose queue is
+full (its SYNs go unanswered), which keeps a loopback connect pending.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+
+import pytest
+
+import latency_analyzer as la
+from latency_analyzer.capture.connector import _PromptSocket, _socket_factory
+from latency_analyzer.testing import LLMServer
+
+ADDR = (socket.AF_INET, socket.SOCK_STREAM, 0, "", ("127.0.0.1", 0))
+
+
+@pytest.fixture
+def listener() -> Iterator[socket.socket]:
+    with socket.create_server(("127.0.0.1", 0), backlog=0) as srv:
+        yield srv
+
+
+def test_a_loopback_handshake_is_done_when_connect_returns(listener: socket.socket) -> None:
+    sock = _socket_factory(ADDR)
+    assert isinstance(sock, _PromptSocket)
+    with sock:
+        sock.setblocking(False)
+        sock.connect(listener.getsockname())  # no BlockingIOError: connected already
+        assert sock.getpeername() == listener.getsockname()
+
+
+def test_a_pending_handshake_is_left_to_the_event_loop(listener: socket.socket) -> None:
+    """A full accept queue drops SYNs: connect stays pending and says so, as a plain socket."""
+    opened: list[socket.socket] = []
+    try:
+        for _ in range(16):
+            sock = _socket_factory(ADDR)
+            opened.append(sock)
+            sock.setblocking(False)
+            try:
+                sock.connect(listener.getsockname())
+            except BlockingIOError:
+                with pytest.raises(OSError):
+                    sock.getpeername()  # really not connected
+                return
+        pytest.fail("the accept queue never filled: no connect stayed pending")
+    finally:
+        for sock in opened:
+            sock.close()
+
+
+def test_a_refused_connect_still_raises() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as srv:
+        port = srv.getsockname()[1]
+    sock = _socket_factory(ADDR)
+    with sock, pytest.raises(OSError):
+        sock.setblocking(True)
+        sock.connect(("127.0.0.1", port))
+
+
+async def test_the_client_connects_through_it_and_times_the_stage() -> None:
+    """End to end: every stage present, connect a loopback handshake (< 5 ms), and a refused
+    port is still a recorded connect error."""
+    async with LLMServer(prefill=0.005, tokens=2) as server, la.Client(server.url) as client:
+        wf = await client.request("/v1/chat/completions", json={"messages": [], "stream": True})
+        port = server.port
+    assert wf.ok, wf.error
+    connect = wf.attribution()["connect"]
+    assert 0 < connect < 0.005
+    async with la.Client() as client:
+        failed = await client.request(f"http://127.0.0.1:{port}/v1/chat/completions", json={})
+    assert not failed.ok and failed.error_type is not None
+    assert "connect" in failed.attribution()
