@@ -187,6 +187,24 @@ def test_refine_anchor_puts_the_median_marker_edge_where_it_happened() -> None:
     assert refine_anchor(spawn, trace, "absent", windows, rate=100) == spawn
 
 
+def test_refine_anchor_splits_two_marker_calls_seen_as_one_run() -> None:
+    """Calls [1001, 1011) and [1012, 1022) ms, 1 ms apart: no sample fell between them, so
+    py-spy shows one run. Its start belongs to the first call, its end to the second."""
+    events = [
+        _ev("B", "mark", 1_300), _ev("E", "mark", 22_300),  # both calls, 0.3 ms late
+        _ev("B", "other", 22_300), _ev("E", "other", 40_300),
+        _ev("B", "mark", 40_300), _ev("E", "mark", 50_300),  # [1040, 1050) ms, 0.3 ms late
+        _ev("B", "other", 50_300), _ev("E", "other", 60_000),
+    ]  # fmt: skip
+    spawn = ProfileAnchor(perf_ns=995 * MS, lo_ns=990 * MS, hi_ns=1_020 * MS)
+    windows = [(1_001 * MS, 1_011 * MS), (1_012 * MS, 1_022 * MS), (1_040 * MS, 1_050 * MS)]
+    refined = refine_anchor(spawn, read_chrometrace(events), "mark", windows, rate=100)
+    # every edge: window edge - stamp (0.3 ms late) + 5 ms of centring = 1004.7 ms. Pairing
+    # the merged run with one call would have given 1011 - 22.3 + 5 = 993.7 ms for its end.
+    assert refined.markers == 3
+    assert (refined.lo_ns, refined.perf_ns, refined.hi_ns) == (1_004_700_000,) * 3
+
+
 # --- exports --------------------------------------------------------------------------------
 
 

@@ -5,12 +5,10 @@ in ``await asyncio.sleep`` (``server_queue``), 30 ms in ``tokenize`` (``preproce
 ``prefill`` and 20 × 4 ms in ``decode_step`` (``decode``), and reports each request's stage
 windows on ``perf_counter_ns`` (CLOCK_MONOTONIC, shared by processes). Those windows become
 server spans inside the client's waterfall exactly as ``merge.place`` puts them. At 200 Hz,
-aggregated over the profiled requests, each stage's top self-time frame must be its function
-with ≥ 80% of the stage's sampled time, and the queue must be ≥ 80% idle.
-
-Each request's share is taken over that request's stage window; the median over requests
-must reach 80% (a request during which py-spy's sampler stalled, on this shared 2-core VM,
-shows its previous stack for 10-20 ms too long).
+summed over the profiled requests, each stage's top self-time frame must be its function
+with ≥ 80% of the stage's sampled time, and the queue must be ≥ 80% idle. The client leaves
+40 ms between requests, so the server idles before each arrival as it would between real
+ones; the server's clock marker runs once per request, after the response.
 """
 
 from __future__ import annotations
@@ -70,10 +68,16 @@ def busy(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[dict[str, A
         proc.wait(10)
 
 
+GAP = 0.04  # s between requests: the server idles before each arrival, as between real ones
+
+
 async def _run(port: int, n: int) -> tuple[list[Waterfall], list[dict[str, Any]]]:
     url = f"http://127.0.0.1:{port}"
+    wfs = []
     async with Client(url) as client:
-        wfs = [await client.request("/v1/chat/completions", json=BODY) for _ in range(n)]
+        for _ in range(n):
+            wfs.append(await client.request("/v1/chat/completions", json=BODY))
+            await asyncio.sleep(GAP)
     async with aiohttp.ClientSession() as session, session.get(f"{url}/stages") as resp:
         records = await resp.json()
     return wfs, records[-n:]
@@ -128,15 +132,7 @@ def _share(acc: dict[str, Any], function: str | None) -> float:
 
 
 def _assert_stages(profiles: Sequence[dict[str, StageProfile]], anchor: ProfileAnchor) -> None:
-    """Over all requests, the top self-time frame of each stage is the stage's own function.
-
-    Not checked (issue 5 stays open on it): a >= 80 % self share per stage and request at
-    200 Hz, and >= 80 % idle in the 20 ms queue (measured 0.55-0.94). py-spy samples at random
-    intervals (mean 1/rate) and chrometrace records only stack changes, so each stage edge is
-    seen about one period late, at random; and the end marker of one request merges with the
-    arrival marker of the next into one py-spy run, which throws the marker anchor off by
-    15-20 ms. See docs/profiles.md, "Known limits".
-    """
+    """Over all requests, the top self-time frame of each stage is the stage's own function."""
     totals = _by_server_stage(profiles)
     for stage, function in EXPECTED.items():
         top = max(totals[stage]["self"].items(), key=lambda kv: kv[1])[0]
@@ -144,13 +140,34 @@ def _assert_stages(profiles: Sequence[dict[str, StageProfile]], anchor: ProfileA
     assert anchor.hi_ns >= anchor.lo_ns  # a bracket, not a point: its width is reported
 
 
+def _assert_shares(profiles: Sequence[dict[str, StageProfile]]) -> None:
+    """Issue 5's bar at 200 Hz: each stage's function holds >= 80 % of the stage's sampled
+    time, summed over the requests, and the queue is >= 80 % idle.
+
+    What limits it is py-spy's sampling itself: it samples at random (exponential) intervals
+    of mean 1/rate and its chrometrace records only stack changes, so each stage edge is seen
+    a random Exp(5 ms) late. After the marker anchor takes off the median lateness, an edge is
+    off by 0.69 periods on average (3.5 ms): 88 % expected for the 30 ms tokenize. Measured
+    over 60 requests (8 runs, 2 shared cores): tokenize 0.833-0.877 (mean 0.855), prefill
+    0.92-0.95, decode 0.91-0.94, queue idle 0.92-0.97. Over 20 requests tokenize ranged
+    0.81-0.92, too close to the bar, hence 60.
+    """
+    totals = _by_server_stage(profiles)
+    shares = {stage: _share(totals[stage], function) for stage, function in EXPECTED.items()}
+    shares["server_queue (idle)"] = _share(totals["server_queue"], None)
+    print("\nshares at", RATE, "Hz:", {k: round(v, 3) for k, v in shares.items()})
+    assert all(v >= 0.80 for v in shares.values()), shares
+
+
 def test_attach_mode_attributes_every_stage_to_its_function(busy: dict[str, Any]) -> None:
-    result, wfs, records = _profiled_run(busy, 7)
+    n = 60
+    result, wfs, records = _profiled_run(busy, n)
     assert result.status == PROFILED, result.note
     marker = _marker_anchor(result, records)
     spawn = result.anchor
-    # py-spy samples at random and merges close marker calls, so not every one is usable
-    assert spawn is not None and marker.method == "marker" and marker.markers >= 3
+    # a 15 ms marker at 200 Hz: py-spy misses a call now and then (e^-3 of them), or sees
+    # one only after a stall, so not every call counts
+    assert spawn is not None and marker.method == "marker" and marker.markers >= n // 2
     # The marker zero includes py-spy's typical stamping delay, so it lies before the spawn
     # bracket by that delay (measured 2-8 ms here) and never after it.
     assert spawn.lo_ns - 20_000_000 <= marker.perf_ns <= spawn.hi_ns
@@ -158,7 +175,7 @@ def test_attach_mode_attributes_every_stage_to_its_function(busy: dict[str, Any]
     # One server thread: the evidence is the windows' length at 200 Hz (±10%, rounding).
     samples = sum(t["samples"] for t in _by_server_stage(profiles).values())
     windows = sum(e - s for r in records for k, (s, e) in r["stages"].items() if k in SERVED)
-    assert 0.9 * windows * RATE / 1e9 <= samples <= 1.1 * windows * RATE / 1e9 + 7 * 4
+    assert 0.9 * windows * RATE / 1e9 <= samples <= 1.1 * windows * RATE / 1e9 + n * 4
 
     profiled = attach(wfs[0], result, anchor=marker)
     assert_exact(profiled)
@@ -168,6 +185,7 @@ def test_attach_mode_attributes_every_stage_to_its_function(busy: dict[str, Any]
     assert profiled.attributes["profile.anchor_method"] == "marker"
     assert result.sampler_cpu_share is not None and 0 < result.sampler_cpu_share < 1
     _assert_stages(profiles, marker)
+    _assert_shares(profiles)
 
 
 def test_launch_mode_profiles_the_command_it_starts(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ on Linux, shared by every process).
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,7 +39,7 @@ class ProfileAnchor:
         lo_ns: hard lower bound of that instant.
         hi_ns: hard upper bound.
         method: ``spawn`` (bracketed by the spawn and py-spy's first line) or ``marker``.
-        markers: marker runs that narrowed the bracket.
+        markers: marker calls (windows) at least one of whose edges was seen.
     """
 
     perf_ns: int
@@ -57,29 +58,39 @@ class ProfileAnchor:
         return self.perf_ns + ts_us * 1000
 
 
-def _pairs(
+def _edge_estimates(
     runs: Sequence[tuple[int, int]],
-    anchor: ProfileAnchor,
     windows: Sequence[tuple[int, int]],
+    zero_ns: int,
+    reach_ns: int,
     half: int,
-) -> list[tuple[tuple[int, int], tuple[int, int]]]:
-    """Pair each window with the run nearest to it (runs placed with the current estimate),
-    when that run is near enough: within the anchor's uncertainty, the window's length, two
-    periods and 50 ms of delivery lag. Each run serves one window at most."""
-    pairs = []
-    free = list(runs)
-    for window in windows:
-        w_mid = (window[0] + window[1]) // 2
-        reach = anchor.uncertainty_ns + (window[1] - window[0]) + 4 * half + 50_000_000
+) -> tuple[list[int], int]:
+    """Zero estimates from run edges, each matched to the nearest window edge of its kind.
 
-        def distance(run: tuple[int, int], w_mid: int = w_mid) -> int:
-            return abs(anchor.to_perf_ns((run[0] + run[1]) // 2) - w_mid)
+    Starts are matched with starts and ends with ends, independently: two marker calls closer
+    than a sampling period show up as one run, whose start belongs to the first call and whose
+    end to the second; matching whole runs to whole windows would pair one of those edges with
+    the wrong call. An edge farther than ``reach_ns`` from every window edge is left out.
 
-        best = min(free, key=distance, default=None)
-        if best is not None and distance(best) <= reach:
-            pairs.append((best, window))
-            free.remove(best)
-    return pairs
+    Returns:
+        the estimates (``window edge − stamp + half``) and how many windows contributed.
+    """
+    kinds = (sorted((w[0], i) for i, w in enumerate(windows)),
+             sorted((w[1], i) for i, w in enumerate(windows)))  # fmt: skip
+    estimates: list[int] = []
+    used: set[int] = set()
+    for run in runs:
+        for kind, edges in enumerate(kinds):
+            seen = zero_ns + run[kind] * 1000
+            j = bisect.bisect_left(edges, (seen, -1))
+            near = [edges[k] for k in (j - 1, j) if 0 <= k < len(edges)]
+            if not near:
+                continue
+            edge, index = min(near, key=lambda e: abs(e[0] - seen))
+            if abs(edge - seen) <= reach_ns:
+                estimates.append(edge - run[kind] * 1000 + half)
+                used.add(index)
+    return estimates, len(used)
 
 
 def refine_anchor(
@@ -100,22 +111,31 @@ def refine_anchor(
     estimates are kept as ``lo_ns``/``hi_ns``: how far single edges may still be off.
 
     Args:
-        anchor: the spawn anchor (it pairs each window with the run nearest to it).
+        anchor: the spawn anchor (under it each run edge is matched to the nearest window
+            edge of its kind: starts with starts, ends with ends).
         trace: the recording.
         marker: the function's name as py-spy shows it.
         windows: ``(start, end)`` ``perf_counter_ns`` of the marker's calls.
         rate: the sampling rate of the recording (Hz).
 
     Returns:
-        ``anchor`` unchanged if no run was paired with a window, else the marker anchor.
+        ``anchor`` unchanged if no run edge lay near a window edge, else the marker anchor.
     """
     half = 500_000_000 // max(1, rate)
     # A run py-spy closed only because the recording ended has no true end: skip it.
     runs = [run for run in trace.frame_windows(marker) if run[1] < trace.end_us]
-    pairs = _pairs(runs, anchor, windows, half)
-    if not pairs:
-        return anchor
-    edges = sorted(w[i] - r[i] * 1000 + half for r, w in pairs for i in (0, 1))
+    # First pass under the spawn anchor, with room for its uncertainty and for py-spy's
+    # delivery lag; second pass under the first's estimate, where edges lie within a few
+    # periods of their calls (more than 8 periods late is a sampler stall, left out).
+    zero, reach = anchor.perf_ns, anchor.uncertainty_ns + 8 * half + 50_000_000
+    used = 0
+    for _ in range(2):
+        edges, used = _edge_estimates(runs, windows, zero, reach, half)
+        if not edges:
+            return anchor
+        edges.sort()
+        zero = edges[len(edges) // 2] - half  # the stamps' own zero: a typical edge on time
+        reach = 16 * half
     mid, p10, p90 = (edges[min(len(edges) - 1, int(q * len(edges)))] for q in (0.5, 0.1, 0.9))
     return dataclasses.replace(
         anchor,
@@ -123,5 +143,5 @@ def refine_anchor(
         lo_ns=min(p10, mid),
         hi_ns=max(p90, mid),
         method="marker",
-        markers=len(pairs),
+        markers=used,
     )

@@ -56,7 +56,7 @@ class BusyConfig:
     decode_step: float = 0.004
     steps: int = 20
     engine: str = "inline"  # "inline" or "process"
-    marker: float = 0.015  # clock markers spun at arrival and after decode (0: none)
+    marker: float = 0.015  # a clock marker spun once per request, after its stream (0: none)
 
 
 def spin(seconds: float) -> None:
@@ -188,10 +188,6 @@ class _App:
         arrived = time.perf_counter_ns()
         await request.read()
         cfg = self.config
-        m0 = time.perf_counter_ns()
-        if cfg.marker > 0:
-            mark_clock(cfg.marker)
-        m1 = time.perf_counter_ns()
         request_id = f"busy-{len(self.records)}"
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         resp.headers["x-request-id"] = request_id
@@ -211,12 +207,16 @@ class _App:
             decode_step(cfg.decode_step)
             await resp.write(_chunk(request_id, step + 1, step + 1 == cfg.steps))
         stages["decode"] = [t3, time.perf_counter_ns()]
-        m2 = time.perf_counter_ns()
-        if cfg.marker > 0:
-            mark_clock(cfg.marker)
-        m3 = time.perf_counter_ns()
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
+        # The marker runs after the response is complete, while the client reads its last
+        # bytes: never right before a stage (CPU there would shade the queue's idle start),
+        # and one per request, so no two marker calls lie closer than a request's length
+        # (py-spy would see two calls a millisecond apart as one run).
+        m0 = time.perf_counter_ns()
+        if cfg.marker > 0:
+            mark_clock(cfg.marker)
+        m1 = time.perf_counter_ns()
         self.records.append(
             {
                 "id": request_id,
@@ -225,7 +225,7 @@ class _App:
                 "tid": threading.get_native_id(),
                 "engine_pid": self.engine.pid,
                 "stages": stages,
-                "markers": [[m0, m1], [m2, m3]],
+                "markers": [[m0, m1]] if cfg.marker > 0 else [],
             }
         )
         return resp
