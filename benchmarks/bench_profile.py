@@ -8,7 +8,8 @@ seed) so drifting background load hits them alike. Reported per variant: request
 over rounds) and its ratio to the unprofiled server, py-spy's own CPU share, and the samples
 it took per second.
 
-Variants: no profiler; 100 Hz; 1000 Hz (blocking, py-spy's default); 1000 Hz ``--nonblocking``.
+Variants: no profiler; 100 Hz and 1000 Hz (non-blocking, the Profiler's default); 1000 Hz
+blocking (py-spy's own default).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ VARIANTS: dict[str, dict[str, Any] | None] = {
     "none": None,
     "100Hz": {"rate": 100},
     "1000Hz": {"rate": 1000},
-    "1000Hz_nonblocking": {"rate": 1000, "nonblocking": True},
+    "1000Hz_blocking": {"rate": 1000, "nonblocking": False},
 }
 
 
