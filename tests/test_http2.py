@@ -80,6 +80,26 @@ async def test_alpn_h2_and_injected_delays(h2_tls: SubprocessH2LLMServer, ca: Te
     assert first.output_tokens == TOKENS and first.output_tokens_source == "usage"
 
 
+def _open_sockets() -> set[str]:
+    """This process's socket inodes (``/proc/self/fd`` links to ``socket:[N]``)."""
+    fds = "/proc/self/fd"
+    links = (os.readlink(f"{fds}/{fd}") for fd in os.listdir(fds) if os.path.exists(f"{fds}/{fd}"))
+    return {link for link in links if link.startswith("socket:")}
+
+
+async def test_closing_the_client_releases_its_http2_tls_sockets(
+    h2_tls: SubprocessH2LLMServer, ca: TestCA
+) -> None:
+    """A TLS connection closes only after the peer's close_notify: ``close()`` waits for it,
+    so no socket outlives the client (a loop ended right after would leak it)."""
+    before = _open_sockets()
+    async with la.Client(h2_tls.url, ssl=ca.client_context()) as client:
+        wf = await client.request("/v1/chat/completions", json=_body())
+        assert _check(wf).http_version == "2"
+        assert len(_open_sockets() - before) == 1
+    assert _open_sockets() - before == set()
+
+
 async def test_fifty_concurrent_streams_share_one_connection() -> None:
     async with H2LLMServer(prefill=0.03, tokens=4) as server:
         async with la.Client(server.url, http2=True) as client:

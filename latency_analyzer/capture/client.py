@@ -136,7 +136,7 @@ class Client:
 
     async def close(self) -> None:
         """Close every pooled connection."""
-        self._h2.close()
+        await self._h2.close()
         if self._session is not None:
             await self._session.close()
             self._session = None

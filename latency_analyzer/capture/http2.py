@@ -153,6 +153,7 @@ class H2Connection(asyncio.Protocol):
         self._preface_ns = 0
         self.backlog = False
         self.closing: str | None = None  # why no new stream may start (GOAWAY, lost)
+        self.closed: asyncio.Future[None] = self._loop.create_future()  # connection_lost
         transport.set_protocol(self)
         transport.set_write_buffer_limits(high=1, low=0)  # resume_writing = backlog drained
 
@@ -410,6 +411,8 @@ class H2Connection(asyncio.Protocol):
     def connection_lost(self, exc: BaseException | None) -> None:
         reason = f"connection closed ({exc})" if exc else "connection closed by the server"
         self._lose(reason, now_ns())
+        if not self.closed.done():
+            self.closed.set_result(None)
 
     def _lose(self, reason: str, t: int) -> None:
         self.closing = self.closing or reason
@@ -476,11 +479,25 @@ class H2Pool:
         if future is not None and not future.done():
             future.set_result(conn)
 
-    def close(self) -> None:
-        for conn in self._conns.values():
-            conn.transport.close()
+    async def close(self, timeout: float = 2.0) -> None:
+        """Close every connection and wait until each is closed (its socket released).
+
+        A TLS connection closes only after the peer answers our close_notify; a peer that
+        does not answer within ``timeout`` seconds has its connection aborted. Without the
+        wait, a loop that ends right after ``close`` would never release the socket.
+        """
+        conns = list(self._conns.values())
         self._conns.clear()
+        for conn in conns:
+            conn.transport.close()
         for future in self._dialling.values():
             if not future.done():
                 future.set_result(None)
         self._dialling.clear()
+        pending = [conn.closed for conn in conns if not conn.closed.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=timeout)
+        for conn in conns:
+            if not conn.closed.done():
+                conn.transport.abort()  # connection_lost follows on the next loop step
+                await asyncio.wait([conn.closed], timeout=1.0)
