@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 
 import nox
@@ -105,9 +106,12 @@ def ray(session: nox.Session) -> None:
     # not session.create_tmp(): it sets TMPDIR inside the venv, and Ray's workers refuse a
     # temp dir under a virtualenv (they die at start and the tests hang)
     basetemp = tempfile.mkdtemp(prefix="latency-analyzer-ray-")
-    session.run(
-        "python", "-m", "latency_analyzer.testing.netns", "--",
-        "pytest", "-p", "no:cacheprovider", f"--basetemp={basetemp}",
-        "-m", "ray", "tests/test_load_ray.py", *session.posargs,
-        env={"RAY_USAGE_STATS_ENABLED": "0"},
-    )  # fmt: skip
+    try:
+        session.run(
+            "python", "-m", "latency_analyzer.testing.netns", "--",
+            "pytest", "-p", "no:cacheprovider", f"--basetemp={basetemp}",
+            "-m", "ray", "tests/test_load_ray.py", *session.posargs,
+            env={"RAY_USAGE_STATS_ENABLED": "0"},
+        )  # fmt: skip
+    finally:
+        shutil.rmtree(basetemp, ignore_errors=True)

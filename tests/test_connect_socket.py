@@ -6,6 +6,8 @@ full (its SYNs go unanswered), which keeps a loopback connect pending.
 
 from __future__ import annotations
 
+import errno
+import select
 import socket
 from collections.abc import Iterator
 
@@ -53,25 +55,51 @@ def test_a_pending_handshake_is_left_to_the_event_loop(listener: socket.socket) 
             sock.close()
 
 
-def test_a_refused_connect_still_raises() -> None:
+def test_a_refused_connect_is_left_to_the_event_loop_with_its_error() -> None:
+    """Non-blocking, as aiohttp connects: no handshake, so connect says pending, and the
+    socket carries ECONNREFUSED for asyncio's writability callback to raise."""
     with socket.create_server(("127.0.0.1", 0)) as srv:
         port = srv.getsockname()[1]
     sock = _socket_factory(ADDR)
-    with sock, pytest.raises(OSError):
-        sock.setblocking(True)
-        sock.connect(("127.0.0.1", port))
+    with sock:
+        sock.setblocking(False)
+        try:
+            sock.connect(("127.0.0.1", port))
+        except BlockingIOError:
+            select.select([], [sock], [], 2.0)
+            assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == errno.ECONNREFUSED
+        except ConnectionRefusedError:
+            pass  # a kernel that refuses within the call: raised as is, as before
+        else:
+            pytest.fail("connected to a closed port")
 
 
-async def test_the_client_connects_through_it_and_times_the_stage() -> None:
-    """End to end: every stage present, connect a loopback handshake (< 5 ms), and a refused
-    port is still a recorded connect error."""
+async def test_the_client_connects_through_it_and_times_the_stage(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """End to end: the client's connect went through the prompt path (connected inside the
+    call), connect is a loopback handshake (< 5 ms), and a refused port is still a recorded
+    connect error."""
+    outcomes: list[str] = []
+    real = _PromptSocket.connect
+
+    def spy(self: _PromptSocket, address: object) -> None:
+        try:
+            real(self, address)
+        except OSError as exc:
+            outcomes.append(type(exc).__name__)
+            raise
+        outcomes.append("connected")
+
+    monkeypatch.setattr(_PromptSocket, "connect", spy)
     async with LLMServer(prefill=0.005, tokens=2) as server, la.Client(server.url) as client:
         wf = await client.request("/v1/chat/completions", json={"messages": [], "stream": True})
         port = server.port
     assert wf.ok, wf.error
-    connect = wf.attribution()["connect"]
-    assert 0 < connect < 0.005
+    assert outcomes == ["connected"]
+    assert 0 < wf.attribution()["connect"] < 0.005
     async with la.Client() as client:
         failed = await client.request(f"http://127.0.0.1:{port}/v1/chat/completions", json={})
     assert not failed.ok and failed.error_type is not None
     assert "connect" in failed.attribution()
+    assert outcomes[1:] in (["BlockingIOError"], ["ConnectionRefusedError"])

@@ -121,9 +121,11 @@ def ray_local() -> Iterator[Any]:
             pytest.fail(why)
         pytest.skip(why)
     ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
-    assert {n["NodeManagerAddress"] for n in ray.nodes()} == {"127.0.0.1"}
-    yield ray
-    ray.shutdown()
+    try:
+        assert {n["NodeManagerAddress"] for n in ray.nodes()} == {"127.0.0.1"}
+        yield ray
+    finally:
+        ray.shutdown()
 
 
 def _actual_starts(ws: WaterfallSet) -> np.ndarray[Any, Any]:

@@ -36,6 +36,8 @@ def test_the_namespace_has_only_loopback_and_loopback_works() -> None:
         text=True,
         timeout=60,
     )
+    if "Operation not permitted" in out.stderr and os.environ.get("CI") != "true":
+        pytest.skip(f"this host forbids new namespaces: {out.stderr.strip()}")
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "True ['lo']"
 

@@ -178,10 +178,11 @@ def test_refine_anchor_puts_the_median_marker_edge_where_it_happened() -> None:
     windows = [(1_001 * MS, 1_011 * MS), (1_040 * MS, 1_050 * MS), (1_500 * MS, 1_510 * MS)]
     refined = refine_anchor(spawn, trace, "mark", windows, rate=100)
     assert refined.method == "marker" and refined.markers == 2  # the third window: no run
-    # edges: 1001-1.3+5 = 1011-11.3+5 = 1004.7 ms; 1040-44+5 = 1050-54+5 = 1001 ms
+    # edges: 1001-1.3+5 = 1011-11.3+5 = 1004.7 ms; 1040-44+5 = 1050-54+5 = 1001 ms. Of the
+    # four, nearest rank: median = the 2nd (1001), p10 = the 1st, p90 = the 4th.
     assert (refined.lo_ns, refined.perf_ns, refined.hi_ns) == (
         1_001 * MS,
-        1_004_700_000,
+        1_001 * MS,
         1_004_700_000,
     )
     assert refine_anchor(spawn, trace, "absent", windows, rate=100) == spawn
@@ -202,6 +203,25 @@ def test_refine_anchor_splits_two_marker_calls_seen_as_one_run() -> None:
     # every edge: window edge - stamp (0.3 ms late) + 5 ms of centring = 1004.7 ms. Pairing
     # the merged run with one call would have given 1011 - 22.3 + 5 = 993.7 ms for its end.
     assert refined.markers == 3
+    assert (refined.lo_ns, refined.perf_ns, refined.hi_ns) == (1_004_700_000,) * 3
+
+
+def test_refine_anchor_counts_a_call_seen_as_two_runs_once() -> None:
+    """A torn sample (non-blocking py-spy) cuts one call's run in two: only the outer edges,
+    the ones nearest the call's own edges, count."""
+    events = [
+        _ev("B", "mark", 1_300), _ev("E", "mark", 5_000),  # [1001, 1011) ms, cut at 5 ms
+        _ev("B", "torn", 5_000), _ev("E", "torn", 5_200),
+        _ev("B", "mark", 5_200), _ev("E", "mark", 11_300),
+        _ev("B", "other", 11_300), _ev("E", "other", 60_000),
+    ]  # fmt: skip
+    spawn = ProfileAnchor(perf_ns=995 * MS, lo_ns=990 * MS, hi_ns=1_020 * MS)
+    refined = refine_anchor(
+        spawn, read_chrometrace(events), "mark", [(1_001 * MS, 1_011 * MS)], rate=100
+    )
+    assert refined.markers == 1
+    # both outer edges 0.3 ms late: 1004.7 ms; the inner ones (1011-5+5, 1001-5.2+5) would
+    # have widened the bracket to 1000.8..1011
     assert (refined.lo_ns, refined.perf_ns, refined.hi_ns) == (1_004_700_000,) * 3
 
 

@@ -152,8 +152,8 @@ def _assert_shares(profiles: Sequence[dict[str, StageProfile]]) -> None:
     of mean 1/rate and its chrometrace records only stack changes, so each stage edge is seen
     a random Exp(5 ms) late. After the marker anchor takes off the median lateness, an edge is
     off by 0.69 periods on average (3.5 ms): 88 % expected for the 30 ms tokenize. Measured
-    over 60 requests (6 non-blocking runs, 2 shared cores): tokenize 0.868-0.891, prefill
-    0.92-0.95, decode 0.93-0.95, queue idle 0.91-0.96. Over 20 requests the spread is twice
+    over 60 requests (9 non-blocking runs, 2 shared cores): tokenize 0.856-0.891, prefill
+    0.92-0.95, decode 0.92-0.95, queue idle 0.91-0.96. Over 20 requests the spread is twice
     as wide, hence 60.
     """
     totals = _by_server_stage(profiles)

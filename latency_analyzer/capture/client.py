@@ -136,10 +136,12 @@ class Client:
 
     async def close(self) -> None:
         """Close every pooled connection."""
-        await self._h2.close()
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        try:
+            await self._h2.close()
+        finally:  # a cancelled close still closes the HTTP/1.1 pool
+            if self._session is not None:
+                session, self._session = self._session, None
+                await session.close()
 
     def _open(self) -> aiohttp.ClientSession:
         if self._session is None:

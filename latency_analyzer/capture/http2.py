@@ -457,6 +457,7 @@ class H2Pool:
     def __init__(self) -> None:
         self._conns: dict[str, H2Connection] = {}
         self._dialling: dict[str, asyncio.Future[H2Connection | None]] = {}
+        self._abandoned: set[str] = set()  # dials still running when the pool was closed
         self.http1_origins: set[str] = set()
 
     def get(self, origin: str) -> H2Connection | None:
@@ -467,11 +468,19 @@ class H2Pool:
         return self._dialling.get(origin)
 
     def begin_dial(self, origin: str) -> None:
+        self._abandoned.discard(origin)
         self._dialling[origin] = asyncio.get_running_loop().create_future()
 
     def end_dial(self, origin: str, conn: H2Connection | None, http1: bool = False) -> None:
-        """The dial for ``origin`` ended: with a connection, with HTTP/1.1, or failed."""
-        if conn is not None:
+        """The dial for ``origin`` ended: with a connection, with HTTP/1.1, or failed.
+
+        A connection from a dial that outlived :meth:`close` is closed, not pooled: its
+        request fails as any request in flight at close does.
+        """
+        if conn is not None and origin in self._abandoned:
+            self._abandoned.discard(origin)
+            conn.transport.close()
+        elif conn is not None:
             self._conns[origin] = conn
         elif http1:
             self.http1_origins.add(origin)
@@ -490,14 +499,18 @@ class H2Pool:
         self._conns.clear()
         for conn in conns:
             conn.transport.close()
+        self._abandoned.update(self._dialling)
         for future in self._dialling.values():
             if not future.done():
                 future.set_result(None)
         self._dialling.clear()
-        pending = [conn.closed for conn in conns if not conn.closed.done()]
-        if pending:
-            await asyncio.wait(pending, timeout=timeout)
-        for conn in conns:
-            if not conn.closed.done():
+        try:
+            pending = [conn.closed for conn in conns if not conn.closed.done()]
+            if pending:
+                await asyncio.wait(pending, timeout=timeout)
+        finally:  # also when cancelled: nothing is left half closed
+            stragglers = [conn for conn in conns if not conn.closed.done()]
+            for conn in stragglers:
                 conn.transport.abort()  # connection_lost follows on the next loop step
-                await asyncio.wait([conn.closed], timeout=1.0)
+        if stragglers:
+            await asyncio.wait([conn.closed for conn in stragglers], timeout=1.0)

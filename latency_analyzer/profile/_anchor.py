@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -72,13 +73,17 @@ def _edge_estimates(
     end to the second; matching whole runs to whole windows would pair one of those edges with
     the wrong call. An edge farther than ``reach_ns`` from every window edge is left out.
 
+    Each window edge keeps one run edge, the earliest start or the latest end matched to it:
+    a call py-spy saw as two runs (a torn sample cut it) gives its outer edges, the first
+    sample inside it and the first after it, not the cut's.
+
     Returns:
         the estimates (``window edge − stamp + half``) and how many windows contributed.
     """
     kinds = (sorted((w[0], i) for i, w in enumerate(windows)),
              sorted((w[1], i) for i, w in enumerate(windows)))  # fmt: skip
-    estimates: list[int] = []
-    used: set[int] = set()
+    # (kind, window) -> the run edge kept for it: the earliest start, the latest end
+    kept: dict[tuple[int, int], int] = {}
     for run in runs:
         for kind, edges in enumerate(kinds):
             seen = zero_ns + run[kind] * 1000
@@ -87,10 +92,18 @@ def _edge_estimates(
             if not near:
                 continue
             edge, index = min(near, key=lambda e: abs(e[0] - seen))
-            if abs(edge - seen) <= reach_ns:
-                estimates.append(edge - run[kind] * 1000 + half)
-                used.add(index)
-    return estimates, len(used)
+            if abs(edge - seen) > reach_ns:
+                continue
+            old = kept.get((kind, index))
+            if old is None or (run[kind] < old if kind == 0 else run[kind] > old):
+                kept[(kind, index)] = run[kind]
+    estimates = [windows[i][kind] - ts * 1000 + half for (kind, i), ts in kept.items()]
+    return estimates, len({index for _, index in kept})
+
+
+def _rank(values: Sequence[int], q: float) -> int:
+    """Nearest-rank percentile of sorted ``values`` (the definition WaterfallSet uses)."""
+    return values[max(0, math.ceil(q * len(values)) - 1)]
 
 
 def refine_anchor(
@@ -134,9 +147,9 @@ def refine_anchor(
         if not edges:
             return anchor
         edges.sort()
-        zero = edges[len(edges) // 2] - half  # the stamps' own zero: a typical edge on time
+        zero = _rank(edges, 0.5) - half  # the stamps' own zero: a typical edge on time
         reach = 16 * half
-    mid, p10, p90 = (edges[min(len(edges) - 1, int(q * len(edges)))] for q in (0.5, 0.1, 0.9))
+    mid, p10, p90 = (_rank(edges, q) for q in (0.5, 0.1, 0.9))
     return dataclasses.replace(
         anchor,
         perf_ns=mid,

@@ -99,7 +99,7 @@ class ProfileResult:
     target_exited: bool = False
     wall_s: float | None = None
     sampler_cpu_s: float | None = None
-    nonblocking: bool = False
+    nonblocking: bool = True
     output: Path | None = None
     command: tuple[str, ...] = ()
     stderr: str = field(default="", repr=False)
