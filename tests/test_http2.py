@@ -100,6 +100,24 @@ async def test_closing_the_client_releases_its_http2_tls_sockets(
     assert _open_sockets() - before == set()
 
 
+async def test_a_cancelled_close_still_closes_everything(
+    h2_tls: SubprocessH2LLMServer, ca: TestCA
+) -> None:
+    """close() cancelled while it waits for the TLS peer: the HTTP/1.1 session is closed too
+    and the HTTP/2 connection aborted, not left half closed."""
+    before = _open_sockets()
+    client = la.Client(h2_tls.url, ssl=ca.client_context())
+    assert _check(await client.request("/v1/chat/completions", json=_body())).ok
+    closing = asyncio.ensure_future(client.close())
+    await asyncio.sleep(0)  # close() is now waiting for the peer's close_notify
+    closing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await closing
+    assert client._session is None
+    await asyncio.sleep(0.05)  # the aborted transport's connection_lost
+    assert _open_sockets() - before == set()
+
+
 async def test_fifty_concurrent_streams_share_one_connection() -> None:
     async with H2LLMServer(prefill=0.03, tokens=4) as server:
         async with la.Client(server.url, http2=True) as client:
