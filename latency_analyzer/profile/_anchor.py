@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -101,9 +100,10 @@ def _edge_estimates(
     return estimates, len({index for _, index in kept})
 
 
-def _rank(values: Sequence[int], q: float) -> int:
-    """Nearest-rank percentile of sorted ``values`` (the definition WaterfallSet uses)."""
-    return values[max(0, math.ceil(q * len(values)) - 1)]
+def _rank(values: Sequence[int], percent: int) -> int:
+    """Nearest-rank percentile of sorted ``values`` (the definition WaterfallSet uses), in
+    integers so no float rounding moves it by a rank."""
+    return values[max(0, -(-percent * len(values) // 100) - 1)]
 
 
 def refine_anchor(
@@ -147,9 +147,9 @@ def refine_anchor(
         if not edges:
             return anchor
         edges.sort()
-        zero = _rank(edges, 0.5) - half  # the stamps' own zero: a typical edge on time
+        zero = _rank(edges, 50) - half  # the stamps' own zero: a typical edge on time
         reach = 16 * half
-    mid, p10, p90 = (_rank(edges, q) for q in (0.5, 0.1, 0.9))
+    mid, p10, p90 = (_rank(edges, q) for q in (50, 10, 90))
     return dataclasses.replace(
         anchor,
         perf_ns=mid,
