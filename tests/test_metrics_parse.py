@@ -29,7 +29,7 @@ from latency_analyzer.metrics import (
 )
 from latency_analyzer.timeline import ClockAnchor
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "real-servers"
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "real-servers"
 VLLM_PROM = FIXTURES / "vllm-0.32-metrics.prom"
 ANCHOR = ClockAnchor(perf_ns=0, epoch_ns=1_700_000_000_000_000_000, uncertainty_ns=0)
 S = 1_000_000_000

@@ -25,7 +25,7 @@ from latency_analyzer.metrics import Scraper, Target, explain, join, parse, requ
 from latency_analyzer.metrics._join import correlate
 from latency_analyzer.testing import LLMServer, RequestRecord
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "real-servers"
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "real-servers"
 VLLM_TEXT = (FIXTURES / "vllm-0.32-metrics.prom").read_text()
 CHAT = "/v1/chat/completions"
 

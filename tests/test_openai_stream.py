@@ -26,7 +26,7 @@ from latency_analyzer.capture.openai import (
     parse_openai_body,
 )
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "real-servers"
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "real-servers"
 VLLM_CHAT = "vllm-0.32-chat-stream-usage.sse"
 VLLM_COMPLETIONS = "vllm-0.32-completions-stream.sse"
 LLAMA_CHAT = "llama-cpp-python-0.3.36-chat-stream.sse"

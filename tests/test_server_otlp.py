@@ -27,7 +27,7 @@ from latency_analyzer.server import (
     read_otlp_jsonl,
 )
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "real-servers"
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "real-servers"
 REQUEST_SPANS = (FIXTURES / "vllm-0.32-otlp-request-spans.pb").read_bytes()
 STARTUP_SPANS = (FIXTURES / "vllm-0.32-otlp-startup-spans.pb").read_bytes()
 PROTOBUF = "application/x-protobuf"

@@ -21,7 +21,7 @@ from latency_analyzer.server import (
     tgi_header_stages,
 )
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "real-servers"
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "real-servers"
 MS = 1_000_000
 T0 = 1_800_000_000_000_000_000
 TRACE = "ab" * 16

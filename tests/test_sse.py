@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from latency_analyzer.capture.sse import SSEEvent, SSEParser
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "real-servers"
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "real-servers"
 STREAMS = [
     "vllm-0.32-chat-stream-usage.sse",
     "vllm-0.32-completions-stream.sse",
