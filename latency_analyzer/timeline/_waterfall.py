@@ -9,6 +9,7 @@ from typing import Any
 
 from ..errors import RequestError, UsageError
 from ._clock import ClockAnchor
+from ._display import present
 from ._span import AttrValue, Span, exclusive_ns
 from ._tokens import per_token_gaps_ns
 
@@ -195,31 +196,26 @@ class Waterfall:
 
         return waterfall_from_dict(data)
 
-    # -- presentation, loaded on first use (the model itself imports none of it) --
+    # -- presentation: registered by the layers that draw and diagnose (``_display``) --
     def plot(self, ax: Any = None) -> Any:
         """A waterfall/Gantt plot of this request (needs ``latency-analyzer[plots]``)."""
-        from ..report.plot import plot_waterfall
-
-        return plot_waterfall(self, ax)
+        return present("waterfall.plot", self, ax)
 
     def diagnose(self, **kwargs: Any) -> list[Any]:
         """Findings (evidence, likely cause, remedy), most time at stake first."""
-        from ..diagnose import diagnose
-
-        return diagnose(self, **kwargs)
+        result: list[Any] = present("waterfall.diagnose", self, **kwargs)
+        return result
 
     def _repr_html_(self) -> str:
-        from ..report.html import waterfall_html
-
-        return waterfall_html(self)
+        html: str = present("waterfall.html", self)
+        return html
 
     def _repr_png_(self) -> bytes | None:
-        from ..report.html import waterfall_png
-
         try:
-            return waterfall_png(self)
+            png: bytes = present("waterfall.png", self)
         except UsageError:  # matplotlib not installed: the HTML form still shows
             return None
+        return png
 
     def raise_for_error(self) -> Waterfall:
         """Raise ``RequestError`` if the request failed; return self otherwise."""
