@@ -34,7 +34,7 @@ from ._dists import arrival_gaps
 from ._monitor import ClientHealth, LoopMonitor, Pacer
 from ._scenario import Scenario, Template
 
-__all__ = ["Hook", "RowSink", "RunResult", "run", "run_sync", "sweep"]
+__all__ = ["Hook", "RowSink", "RunResult", "run", "sweep"]
 
 #: Called with the run's t0 (``perf_counter_ns``) and run alongside it (fault injection).
 Hook = Callable[[int], Coroutine[Any, Any, None]]
@@ -247,11 +247,8 @@ async def run(
     start_ns: int | None = None,
     on_row: RowSink | None = None,
     stop: asyncio.Event | None = None,
-    backend: str = "local",
-    workers: int = 1,
-    address: str | None = None,
 ) -> RunResult:
-    """Run ``scenario`` and return its set and self-check.
+    """Run ``scenario`` in this process and return its set and self-check.
 
     Args:
         scenario: what to run.
@@ -268,24 +265,7 @@ async def run(
             issued late, and their lateness is ``schedule_lag``.
         on_row: called with every stored row (waterfall and tags) as it is stored.
         stop: once set, no further request is issued; in-flight ones finish and are stored.
-        backend: ``"local"`` (this process) or ``"ray"``: ``workers`` Ray actors share the load
-            (``address``: None starts a local Ray, or ``"auto"`` / ``"ray://host:port"``).
     """
-    if backend == "ray":
-        if hooks or progress or scraper or worker or step or start_ns or on_row or stop:
-            raise UsageError("backend='ray' takes no hooks/progress/scraper/worker/step/start")
-        from ._ray import run_ray
-
-        return await run_ray(
-            scenario,
-            workers=workers,
-            address=address,
-            path=path,
-            headers=headers,
-            rtt_samples=rtt_samples,
-        )
-    if backend != "local":
-        raise UsageError(f"backend must be 'local' or 'ray', not {backend!r}")
     meta = {
         "scenario": scenario.to_dict(),
         "fingerprint": fingerprint(scenario.url, scenario=None, rtt_samples=rtt_samples),
@@ -378,11 +358,6 @@ def _target_check(r: _Run, res: RunResult) -> None:
             f"the TARGET is saturated: {done:.1f} req/s completed while {offered:.1f} req/s "
             f"arrived; latency (median, last vs first quarter of the run) grew {growth:.1f}×"
         )
-
-
-def run_sync(scenario: Scenario, **kwargs: Any) -> RunResult:
-    """``run`` from synchronous code (its own event loop)."""
-    return asyncio.run(run(scenario, **kwargs))
 
 
 async def sweep(

@@ -26,6 +26,7 @@ from ..metrics import Scraper, Target, summary_text
 from ._presets import PRESETS, length_buckets, preset_scenario, run_fault_injection
 from ._runner import Progress, RunResult, run
 from ._scenario import Scenario, load_scenario
+from .distributed import auto_workers, run_ray_sync, run_workers_sync
 
 __all__ = ["add_compare_parser", "add_run_parser", "cmd_compare", "cmd_run"]
 
@@ -63,7 +64,14 @@ def add_run_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
         metavar="ADDRESS",
         help="run on Ray workers: 'local' (start one here), 'auto' or 'ray://host:10001'",
     )
-    p.add_argument("--workers", type=int, default=2, metavar="N", help="Default: %(default)r")
+    p.add_argument(
+        "--workers",
+        type=_workers,
+        default="auto",
+        metavar="N",
+        help="processes sharing the load (Ray workers with --ray); 'auto': the usable cores, "
+        "as far as the scenario can be split. Default: %(default)r",
+    )
     p.set_defaults(func=cmd_run)
 
 
@@ -76,6 +84,26 @@ def add_compare_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentP
     p.add_argument("--claim", type=float, metavar="X", help="claimed speedup (e.g. 15)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_compare)
+
+
+def _workers(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of workers: {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError("--workers must be >= 1")
+    return n
+
+
+def _local_workers(args: argparse.Namespace, sc: Scenario) -> int:
+    """Worker processes for a run here: a given count, or 'auto' (the usable cores, as far as
+    the scenario splits); a scrape or a fault-injection hook keeps the run in one process."""
+    if args.scrape:
+        return 1
+    return auto_workers(sc) if args.workers == "auto" else int(args.workers)
 
 
 def _scenario(args: argparse.Namespace) -> Scenario:
@@ -127,10 +155,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             )
             result, extra["outage"] = fr.run, fr.outage.to_dict()
         elif args.ray:
-            from ._ray import run_ray_sync
-
             address = None if args.ray == "local" else args.ray
-            result = run_ray_sync(sc, workers=args.workers, path=args.out, address=address)
+            workers = 2 if args.workers == "auto" else args.workers
+            result = run_ray_sync(sc, workers=workers, path=args.out, address=address)
+        elif _local_workers(args, sc) > 1:
+            result = run_workers_sync(sc, workers=_local_workers(args, sc), path=args.out)
         else:
             result = asyncio.run(run(sc, path=args.out, progress=update, scraper=_scraper(args)))
     finally:
