@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
+import pytest
+
+from latency_analyzer import UsageError
+from latency_analyzer.cli import main
+from latency_analyzer.load import Scenario, long_tail
 from latency_analyzer.server import OTLPJsonLinesParser
 
 
@@ -31,3 +37,60 @@ def test_json_lines_fed_in_small_pieces_take_linear_time() -> None:
 
     t1, t4 = _feed_cpu(line(128 * 1024), 16), _feed_cpu(line(512 * 1024), 16)
     assert t4 <= 6 * max(t1, 1e-3), (t1, t4)
+
+
+BAD_SCENARIOS = [
+    (
+        b'url = "http://127.0.0.1:9/x"\nrequests = 1\nconcurrency = "4"\n',
+        "'concurrency'",
+        "an integer",
+    ),
+    (b"requests = 1\nconcurrency = 4\n", "'url'", "required"),
+    (b'preset = "long_tail"\nurl = "http://127.0.0.1:9/x"\nbogus = 1\n', "'bogus'", "unknown"),
+    (b'url = "http://127.0.0.1:9/\xff\xfe"\nrequests = 1\n', "line 1", "not UTF-8"),
+    (
+        b'url = "http://127.0.0.1:9/x"\nrequests = 1\n[[templates]]\nweight = "x"\n',
+        "'weight'",
+        "a finite number",
+    ),
+    (b'url = "http://127.0.0.1:9/x"\nduration = nan\n', "'duration'", "a finite number"),
+    (
+        b'url = "http://127.0.0.1:9/x"\nrequests = 1\nthink_time = {uniform = ["a", 2]}\n',
+        "'think_time'",
+        "numbers",
+    ),
+    (
+        b'url = "http://127.0.0.1:9/x"\nrequests = 1\ntemplates = 3\n',
+        "'templates'",
+        "a list of tables",
+    ),
+    (b'url = "http://127.0.0.1:9/x"\nrequests = 1\nsweep = 3\n', "'sweep'", "a table"),
+    (b'preset = ["long_tail"]\nurl = "http://127.0.0.1:9/x"\n', "'preset'", "a string"),
+    (b'preset = "long_tail"\nrequests = 1\n', "'url'", "required"),
+    (b"url = \n", "line 1", "not valid TOML"),
+]
+
+
+@pytest.mark.parametrize(("text", "key", "reason"), BAD_SCENARIOS)
+def test_a_bad_scenario_file_exits_2_naming_file_key_and_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: bytes, key: str, reason: str
+) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_bytes(text)
+    assert main(["run", str(path), "--out", str(tmp_path / "out.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"latency-analyzer: {path}: ") and key in err and reason in err, err
+    assert "Traceback" not in err and err.count("\n") == 1
+    assert not (tmp_path / "out.jsonl").exists()  # nothing ran
+
+
+def test_bad_flags_and_presets_from_python_are_usage_errors() -> None:
+    with pytest.raises(UsageError, match="'url' is required"):
+        Scenario.from_dict({"requests": 1})
+    with pytest.raises(UsageError, match="'concurrency': expected an integer, got true"):
+        Scenario.from_dict({"url": "http://x/", "requests": 1, "concurrency": True})
+    with pytest.raises(UsageError, match="unknown scenario key 'bogus'"):
+        long_tail("http://x/", bogus=1)
+    # the values are still taken as they were
+    sc = Scenario.from_dict({"url": "http://x/", "requests": 1, "rate": 2, "think_time": 0.5})
+    assert sc.rate == 2 and sc.think_time is not None and sc.think_time.params == (0.5,)
