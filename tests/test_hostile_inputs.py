@@ -8,11 +8,14 @@ import time
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 
 from latency_analyzer import UsageError
 from latency_analyzer.cli import main
-from latency_analyzer.load import Scenario, long_tail
+from latency_analyzer.load import Scenario, long_tail, run
+from latency_analyzer.metrics import Scraper, Target
 from latency_analyzer.server import OTLPJsonLinesParser
+from latency_analyzer.testing import LLMServer
 
 
 def _feed_cpu(text: bytes, piece: int) -> float:
@@ -94,3 +97,37 @@ def test_bad_flags_and_presets_from_python_are_usage_errors() -> None:
     # the values are still taken as they were
     sc = Scenario.from_dict({"url": "http://x/", "requests": 1, "rate": 2, "think_time": 0.5})
     assert sc.rate == 2 and sc.think_time is not None and sc.think_time.params == (0.5,)
+
+
+async def _metrics_app(charset: str) -> web.AppRunner:
+    async def metrics(request: web.Request) -> web.Response:
+        body = b"vllm:num_requests_waiting 3\n"
+        return web.Response(body=body, headers={"Content-Type": f"text/plain; charset={charset}"})
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    return runner
+
+
+async def test_a_metrics_endpoint_with_an_unknown_charset_is_a_gap_not_an_aborted_run() -> None:
+    bad, good = await _metrics_app("x-no-such-codec"), await _metrics_app("utf-8")
+    try:
+        targets = [
+            Target(f"http://127.0.0.1:{r.addresses[0][1]}/metrics", name=n)
+            for r, n in ((bad, "bad"), (good, "good"))
+        ]
+        scraper = Scraper(targets, interval=0.1, parser="thread")
+        with LLMServer(tokens=1).run_in_subprocess() as s:
+            sc = Scenario(s.url + "/v1/chat/completions", requests=5, concurrency=1)
+            result = await run(sc, scraper=scraper, rtt_samples=0)
+    finally:
+        await bad.cleanup()
+        await good.cleanup()
+    assert result.issued == len(result.set) == 5 and int(result.set.ok.sum()) == 5
+    ms = scraper.series
+    reasons = {g.reason for g in ms.gaps if g.target == "bad"}
+    assert reasons == {"unknown charset 'x-no-such-codec'"}
+    assert int(ms.scrapes("good")["ok"].sum()) >= 2  # the first and the final scrape
