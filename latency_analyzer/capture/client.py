@@ -97,6 +97,9 @@ class Client:
             knowledge ``h2c`` for ``http://``). None (default): for ``https://`` offer
             ``h2,http/1.1`` and use what the server picks; HTTP/1.1 for ``http://``. The TLS
             context's ALPN list is set to match (a context you pass in is changed so).
+        h2_settle_timeout: seconds a new HTTP/2 connection may take to send its SETTINGS.
+            Past it the connection is closed and leaves the pool, and its requests fail with
+            ``error_type="h2_setup"``.
     """
 
     def __init__(
@@ -113,12 +116,14 @@ class Client:
         trace: TraceHook | None = None,
         dns_timeout: float = 5.0,
         http2: bool | None = None,
+        h2_settle_timeout: float = 10.0,
     ) -> None:
         self.base_url = base_url
         self.timeout = timeout
         self.dns_timeout = min(dns_timeout, timeout)
         self._resolver_spec = resolver
         self.http2 = http2
+        self.h2_settle_timeout = h2_settle_timeout
         self._ssl = _tls_context(ssl, insecure, http2)
         self._h2 = H2Pool()
         self._limit = limit
@@ -260,7 +265,9 @@ class Client:
             timer = aiohttp.ClientTimeout(total=_left(deadline), ceil_threshold=1e9)
             await self._exchange(state, method, url, json, data, headers, timer)
         except HandoffToHTTP2 as handoff:
-            conn = H2Connection(handoff.transport, handoff.tls, handoff.peer)
+            conn = H2Connection(
+                handoff.transport, handoff.tls, handoff.peer, self.h2_settle_timeout
+            )
             conn.start(state, handoff.early)
             self._h2.end_dial(origin, conn)
             dialler = False

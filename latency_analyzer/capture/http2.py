@@ -16,13 +16,20 @@ connector (DNS, TCP, TLS with ALPN) and, when ALPN settles on ``h2`` (or for pri
 
 GOAWAY ends the streams the server will not process (``last_stream_id`` and above) with an
 error and refuses new ones; RST_STREAM ends its stream only.
+
+Isolation: a response that breaks our handling of it (a ``:status`` that is not a number, a
+body its parser cannot take) fails its own stream, which is reset; the other streams go on.
+A connection that GOAWAYs, errs, closes or sends no SETTINGS within the settle bound leaves
+the pool at once, and closes as soon as it carries no stream (at once when it never settled).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import h2.config
@@ -35,7 +42,7 @@ from ..timeline import TlsInfo
 from ._consume import ResponseConsumer, note_server_headers
 from ._state import RequestState, now_ns
 
-__all__ = ["H2Connection", "H2Pool", "HTTP2Refused", "HandoffToHTTP2"]
+__all__ = ["H2Connection", "H2Pool", "HTTP2Refused", "HTTP2SettleTimeout", "HandoffToHTTP2"]
 
 _HOP_BY_HOP = {
     "connection",
@@ -66,6 +73,10 @@ class HandoffToHTTP2(Exception):
 
 class HTTP2Refused(Exception):
     """``http2=True`` but the server's ALPN choice was not ``h2``."""
+
+
+class HTTP2SettleTimeout(ConnectionError):
+    """The server sent no SETTINGS within the settle bound: the connection was closed."""
 
 
 class _GoAwayFilter:
@@ -134,7 +145,13 @@ class _Stream:
 class H2Connection(asyncio.Protocol):
     """One HTTP/2 connection carrying many concurrent request streams."""
 
-    def __init__(self, transport: asyncio.Transport, tls: TlsInfo | None, peer: str | None) -> None:
+    def __init__(
+        self,
+        transport: asyncio.Transport,
+        tls: TlsInfo | None,
+        peer: str | None,
+        settle_timeout: float = 10.0,
+    ) -> None:
         self._loop = asyncio.get_running_loop()
         self.transport = transport
         self.tls = tls
@@ -151,8 +168,11 @@ class H2Connection(asyncio.Protocol):
         self._settings: asyncio.Future[None] = self._loop.create_future()
         self._setup_state: RequestState | None = None
         self._preface_ns = 0
+        self._settle_timeout = settle_timeout
+        self._settle_timer: asyncio.TimerHandle | None = None
         self.backlog = False
         self.closing: str | None = None  # why no new stream may start (GOAWAY, lost)
+        self.on_closing: Callable[[H2Connection], None] | None = None  # the pool lets it go
         self.closed: asyncio.Future[None] = self._loop.create_future()  # connection_lost
         transport.set_protocol(self)
         transport.set_write_buffer_limits(high=1, low=0)  # resume_writing = backlog drained
@@ -164,6 +184,7 @@ class H2Connection(asyncio.Protocol):
         self._h2.initiate_connection()
         self._preface_ns = now_ns()
         state.begin("h2_setup", self._preface_ns)
+        self._settle_timer = self._loop.call_later(self._settle_timeout, self._never_settled)
         self._flush()
         for data, t in early:  # the server's SETTINGS may have come with the handshake
             self._receive(data, t)
@@ -223,6 +244,7 @@ class H2Connection(asyncio.Protocol):
             self._streams.pop(stream_id, None)
             self.requests_served += 1
             self._wake_slot()
+            self._close_if_drained()
 
     async def _send(
         self,
@@ -313,18 +335,40 @@ class H2Connection(asyncio.Protocol):
         self._receive(data, now_ns())
 
     def _receive(self, data: bytes, t: int) -> None:
-        data, goaways = self._goaways.feed(data)
-        for last_stream_id, code in goaways:
-            self._on_goaway(last_stream_id, code, t)
         try:
-            events = self._h2.receive_data(data)
-        except h2.exceptions.ProtocolError as exc:
-            self._lose(f"HTTP/2 protocol error: {exc}", t)
-            self.transport.close()
+            data, goaways = self._goaways.feed(data)
+            for last_stream_id, code in goaways:
+                self._on_goaway(last_stream_id, code, t)
+            try:
+                events = self._h2.receive_data(data)
+            except h2.exceptions.ProtocolError as exc:
+                self._lose(f"HTTP/2 protocol error: {exc}", t)
+                self.transport.close()
+                return
+            for event in events:
+                try:
+                    self._on_event(event, t)
+                except Exception as exc:  # a response we cannot handle fails its stream alone
+                    self._stream_failed(getattr(event, "stream_id", None), exc, t)
+            self._flush()
+        except Exception as exc:  # our own bug: end this connection, not the event loop's
+            self._lose(f"HTTP/2 client error: {type(exc).__name__}: {exc}", t)
+            self.transport.abort()
+
+    def _stream_failed(self, stream_id: int | None, exc: Exception, t: int) -> None:
+        """Handling a frame of ``stream_id`` raised: fail and reset that stream only."""
+        if not stream_id:  # connection-level: nothing on it can be trusted any more
+            raise exc
+        stream = self._streams.get(stream_id)
+        if stream is None or stream.ended:
             return
-        for event in events:
-            self._on_event(event, t)
-        self._flush()
+        if isinstance(exc, _BadResponse):
+            stream.state.fail("protocol", f"invalid HTTP/2 response: {exc}", t)
+        else:
+            stream.state.fail("error", f"{type(exc).__name__}: {exc}", t)
+        stream.finish()
+        with contextlib.suppress(h2.exceptions.H2Error):  # it may have ended on the wire
+            self._h2.reset_stream(stream_id, h2.errors.ErrorCodes.PROTOCOL_ERROR)
 
     def _on_event(self, event: h2.events.Event, t: int) -> None:
         if isinstance(event, h2.events.DataReceived):
@@ -341,15 +385,16 @@ class H2Connection(asyncio.Protocol):
             self._on_settings(t)
         elif isinstance(event, h2.events.SettingsAcknowledged):
             self._on_settings_ack(t)
-        elif isinstance(event, h2.events.ConnectionTerminated):  # not reached: filtered out
-            self._on_goaway(event.last_stream_id or 0, event.error_code, t)
 
     def _on_headers(self, event: h2.events.ResponseReceived, t: int) -> None:
         stream = self._streams.get(event.stream_id)
         if stream is None:
             return
         fields = {bytes(k).lower(): bytes(v) for k, v in event.headers or ()}
-        status = int(fields.get(b":status", b"0"))
+        raw_status = fields.get(b":status", b"")
+        if len(raw_status) != 3 or not raw_status.isdigit():
+            raise _BadResponse(f":status {raw_status[:16]!r} is not a three-digit status code")
+        status = int(raw_status)
         rec = stream.state.recorder
         if rec.is_open("send"):
             backlog = {"backlog_at_headers": True} if self.backlog else {}
@@ -385,6 +430,9 @@ class H2Connection(asyncio.Protocol):
         stream.finish()
 
     def _on_settings(self, t: int) -> None:
+        if self._settle_timer is not None:
+            self._settle_timer.cancel()
+            self._settle_timer = None
         state = self._setup_state
         if state is not None and state.recorder.is_open("h2_setup"):
             state.end("h2_setup", t, max_concurrent_streams=self.max_streams)
@@ -399,7 +447,7 @@ class H2Connection(asyncio.Protocol):
 
     def _on_goaway(self, last: int, error_code: Any, t: int) -> None:
         code = _code_name(_error_code(error_code))
-        self.closing = f"server sent GOAWAY ({code}, last stream {last})"
+        self._set_closing(f"server sent GOAWAY ({code}, last stream {last})")
         for stream_id, stream in list(self._streams.items()):
             if stream_id > last and not stream.ended:
                 stream.state.fail("goaway", f"{self.closing}: this stream was not processed", t)
@@ -407,28 +455,58 @@ class H2Connection(asyncio.Protocol):
         for waiter in self._slot_waiters:
             if not waiter.done():
                 waiter.set_result(None)
+        self._close_if_drained()
+
+    def _never_settled(self) -> None:
+        """The settle bound passed without the server's SETTINGS: give the connection up."""
+        self._settle_timer = None
+        reason = f"server sent no SETTINGS within {self._settle_timeout:g} s"
+        self._lose(reason, now_ns(), HTTP2SettleTimeout(f"HTTP/2 {reason}"), "h2_setup")
+        self.transport.abort()  # a peer that never spoke will not answer a TLS close either
+
+    def _set_closing(self, reason: str) -> None:
+        """No new stream may start here; the first reason is kept and the pool lets go."""
+        if self.closing is None:
+            self.closing = reason
+            if self.on_closing is not None:
+                self.on_closing(self)
+
+    def _close_if_drained(self) -> None:
+        """A connection no stream may start on closes once its last stream has ended."""
+        if self.closing is not None and not self._streams and not self.transport.is_closing():
+            self.transport.close()
 
     def connection_lost(self, exc: BaseException | None) -> None:
+        if self._settle_timer is not None:
+            self._settle_timer.cancel()
+            self._settle_timer = None
         reason = f"connection closed ({exc})" if exc else "connection closed by the server"
         self._lose(reason, now_ns())
         if not self.closed.done():
             self.closed.set_result(None)
 
-    def _lose(self, reason: str, t: int) -> None:
-        self.closing = self.closing or reason
+    def _lose(
+        self, reason: str, t: int, error: Exception | None = None, kind: str | None = None
+    ) -> None:
+        """End every stream (``kind``, or reset / disconnected by whether headers came)."""
+        self._set_closing(reason)
         if not self._settings.done():
-            self._settings.set_exception(ConnectionResetError(reason))
+            self._settings.set_exception(error or ConnectionResetError(reason))
             self._settings.exception()  # retrieved here: nobody may be waiting yet
         for stream in list(self._streams.values()):
             if not stream.ended:
                 got_headers = stream.state.recorder.headers_ns is not None
-                kind = "reset" if got_headers else "disconnected"
-                stream.state.fail(kind, f"HTTP/2 {reason}", t)
+                stream_kind = kind or ("reset" if got_headers else "disconnected")
+                stream.state.fail(stream_kind, f"HTTP/2 {reason}", t)
                 stream.finish()
         self._wake_windows()
         for waiter in self._slot_waiters:
             if not waiter.done():
                 waiter.set_result(None)
+
+
+class _BadResponse(Exception):
+    """A response a stream cannot carry (its ``:status`` is not a status code)."""
 
 
 def _flow(stream: _Stream) -> Mapping[str, float]:
@@ -455,14 +533,18 @@ class H2Pool:
     """
 
     def __init__(self) -> None:
-        self._conns: dict[str, H2Connection] = {}
+        self._conns: dict[str, H2Connection] = {}  # the connection new streams to an origin use
+        self._live: set[H2Connection] = set()  # every connection not yet closed, pooled or not
         self._dialling: dict[str, asyncio.Future[H2Connection | None]] = {}
         self._abandoned: set[str] = set()  # dials still running when the pool was closed
         self.http1_origins: set[str] = set()
 
     def get(self, origin: str) -> H2Connection | None:
         conn = self._conns.get(origin)
-        return conn if conn is not None and conn.usable else None
+        if conn is not None and not conn.usable:  # closed under us: it cannot stay
+            self._release(conn, origin)
+            return None
+        return conn
 
     def dialling(self, origin: str) -> asyncio.Future[H2Connection | None] | None:
         return self._dialling.get(origin)
@@ -482,11 +564,19 @@ class H2Pool:
             conn.transport.close()
         elif conn is not None:
             self._conns[origin] = conn
+            self._live.add(conn)
+            conn.on_closing = functools.partial(self._release, origin=origin)
+            conn.closed.add_done_callback(lambda _: self._live.discard(conn))
         elif http1:
             self.http1_origins.add(origin)
         future = self._dialling.pop(origin, None)
         if future is not None and not future.done():
             future.set_result(conn)
+
+    def _release(self, conn: H2Connection, origin: str) -> None:
+        """``conn`` takes no new streams (GOAWAY, error, never settled): out of the pool."""
+        if self._conns.get(origin) is conn:
+            del self._conns[origin]
 
     async def close(self, timeout: float = 2.0) -> None:
         """Close every connection and wait until each is closed (its socket released).
@@ -495,7 +585,7 @@ class H2Pool:
         does not answer within ``timeout`` seconds has its connection aborted. Without the
         wait, a loop that ends right after ``close`` would never release the socket.
         """
-        conns = list(self._conns.values())
+        conns = list(self._live | set(self._conns.values()))
         self._conns.clear()
         for conn in conns:
             conn.transport.close()
