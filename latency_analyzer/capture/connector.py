@@ -4,8 +4,10 @@ Where each instant comes from:
 
 * ``pool_wait``: ``connect()`` entry → a pooled connection handed over, or a slot free to
   open one (aiohttp's limit reached: the request queues here).
-* ``dns``: the whole ``_resolve_host`` call of *this* request, so a request that waits on
-  another's lookup (aiohttp throttles concurrent lookups) shows the time it really waited.
+* ``dns``: from the first query handed to the kernel (or this request's ``_resolve_host``
+  call, if it came to wait on a lookup already under way: aiohttp shares concurrent ones) to
+  the kernel's arrival of the last answer the lookup needed (:mod:`.resolver`). Building and
+  parsing messages, and the loop's delay in reading an answer, fall outside it (``other``).
 * ``connect``: ``_wrap_create_connection`` entry → the protocol factory call. asyncio calls the
   factory once the socket is connected and before any TLS byte, so this splits TCP from TLS.
   Sockets come from :func:`_socket_factory`, whose ``connect`` reports a handshake the kernel
@@ -37,6 +39,7 @@ from aiohttp.tracing import Trace
 from ..timeline import ConnectionInfo, TlsInfo
 from ._state import CURRENT, RequestState, now_ns
 from .http2 import HandoffToHTTP2, HTTP2Refused
+from .resolver import DnsResolver
 
 __all__ = ["TimedConnector", "TimedProtocol"]
 
@@ -274,10 +277,17 @@ class TimedConnector(TCPConnector):
         state = CURRENT.get()
         if state is None or is_ip_address(host):
             return await super()._resolve_host(host, port, traces)
-        state.begin("dns", now_ns(), host=host)
+        began = now_ns()
+        state.begin("dns", began, host=host)
         result = await super()._resolve_host(host, port, traces)
         addresses = ",".join(str(r["host"]) for r in result)
-        state.end("dns", now_ns(), addresses=addresses)
+        resolver = self._resolver
+        lookup = resolver.wire_lookup(host, began) if isinstance(resolver, DnsResolver) else None
+        if lookup is None:  # a cached or hosts-file answer: no query went out
+            state.end("dns", now_ns(), addresses=addresses, clock_source="userspace", queries=0)
+            return result
+        state.recorder.move_start("dns", max(began, lookup.first_sent_ns))
+        state.end("dns", lookup.answered_ns, addresses=addresses, **lookup.attributes())
         return result
 
     async def _wrap_create_connection(

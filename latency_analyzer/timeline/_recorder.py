@@ -82,6 +82,15 @@ class Recorder:
         opened.update(attrs)
         self.add(name, start, max(start, t_ns), **opened)
 
+    def move_start(self, name: str, t_ns: int) -> None:
+        """Start the open stage ``name`` at ``t_ns`` instead: a boundary known only later (the
+        instant a query left, read once the lookup is done)."""
+        try:
+            _, opened = self._open[name]
+        except KeyError:
+            raise UsageError(f"stage {name!r} was not begun") from None
+        self._open[name] = (t_ns, opened)
+
     def add(self, name: str, start_ns: int, end_ns: int, **attrs: AttrValue) -> None:
         """Record a closed stage."""
         self._spans.append(Span(name, start_ns, end_ns, "client", attrs))
