@@ -21,6 +21,7 @@ from .timeline import (
     ConnectionInfo,
     Recorder,
     Span,
+    TcpInfo,
     TlsInfo,
     Waterfall,
 )
@@ -52,6 +53,7 @@ __all__ = [
     "Recorder",
     "RequestError",
     "Span",
+    "TcpInfo",
     "TlsInfo",
     "UsageError",
     "Waterfall",

@@ -17,6 +17,8 @@ Where each instant comes from:
 * ``send``: first ``transport.write`` of the request → the moment its last byte left our
   buffer (write buffer limits high=1/low=0, so ``resume_writing`` tells when a backlog
   drained).
+* ``TCP_INFO``: read once the connection is set up (after TLS), kept for every request the
+  connection carries; the client reads it again at each request's end.
 * response headers and body bytes: stamped in ``data_received`` before aiohttp parses them;
   body bytes are stamped by offset, so a reader that falls behind still gets arrival times.
 """
@@ -36,8 +38,9 @@ from aiohttp.connector import Connection
 from aiohttp.helpers import is_ip_address
 from aiohttp.tracing import Trace
 
-from ..timeline import ConnectionInfo, TlsInfo
+from ..timeline import ConnectionInfo, TcpInfo, TlsInfo
 from ._state import CURRENT, RequestState, now_ns
+from ._tcpinfo import tcp_info_of
 from .http2 import HandoffToHTTP2, HTTP2Refused
 from .resolver import DnsResolver
 
@@ -95,6 +98,7 @@ class TimedProtocol(ResponseHandler):
         # may arrive with the end of the TLS handshake, before the hand-over to HTTP/2.
         self.early: list[tuple[bytes, int]] | None = []
         self.tls: TlsInfo | None = None  # what the handshake settled, for every request it carries
+        self.tcp_connect: TcpInfo | None = None  # the kernel's TCP_INFO once set up
         self.last_write_ns = 0
         self.backlog = False
         self._marks: list[tuple[int, int]] = []  # (body bytes received so far, arrival ns)
@@ -261,6 +265,7 @@ class TimedConnector(TCPConnector):
         )
         if proto.tls is not None:
             state.recorder.tls = proto.tls  # reused connections report the TLS they travel on
+        state.recorder.tcp_connect = proto.tcp_connect
         proto.attach(state)
         state.protocol = proto
         return conn
@@ -319,6 +324,7 @@ class TimedConnector(TCPConnector):
             state.end(
                 "tls", made, version=info.version, alpn=info.alpn, resumed=info.session_reused
             )
+        cast(TimedProtocol, proto).tcp_connect = state.recorder.tcp_connect = tcp_info_of(transport)
         _maybe_hand_over(state, transport, proto, info, tls)
         return transport, proto
 

@@ -8,6 +8,7 @@ from ..errors import UsageError
 from ._clock import ClockAnchor, process_anchor
 from ._span import AttrValue, Span
 from ._stages import ROOT_NAME
+from ._tcpinfo import TcpInfo
 from ._tokens import distribute_tokens
 from ._waterfall import ConnectionInfo, TlsInfo, Waterfall
 
@@ -58,6 +59,8 @@ class Recorder:
         self.http_version: str | None = None
         self.tls: TlsInfo | None = None
         self.connection = ConnectionInfo()
+        self.tcp_connect: TcpInfo | None = None
+        self.tcp_end: TcpInfo | None = None
         self.error: str | None = None
         self.error_type: str | None = None
         self.usage_prompt: int | None = None
@@ -178,6 +181,8 @@ class Recorder:
             connection=self.connection,
             anchor=self.anchor,
             attributes=self.attributes,
+            tcp_connect=self.tcp_connect,
+            tcp_end=self.tcp_end,
         )
 
     def _lag_span(self) -> list[Span]:
