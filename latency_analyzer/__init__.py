@@ -22,6 +22,7 @@ from .timeline import (
     ConnectionInfo,
     Recorder,
     Span,
+    TcpInfo,
     TlsInfo,
     Waterfall,
 )
@@ -53,6 +54,7 @@ __all__ = [
     "Recorder",
     "RequestError",
     "Span",
+    "TcpInfo",
     "TlsInfo",
     "UsageError",
     "Waterfall",

@@ -63,6 +63,10 @@ class Thresholds:
         network_share: the ``network`` residual above this share of e2e.
         itl_jitter_ratio: P95 gap between chunks above this multiple of the median gap.
         itl_min_gaps: fewer gaps than this say nothing about jitter.
+        path_share: the round trips a request paid (path RTT × their number) above this share
+            of e2e: the path, not the server, is what is slow.
+        connect_rtts: a TCP connect longer than this many path RTTs (plus ``min_time_s``)
+            waited for more than the handshake: a lost SYN or a full accept queue.
         min_requests: set rules about "every request" need at least this many requests.
     """
 
@@ -82,6 +86,8 @@ class Thresholds:
     network_share: float = 0.2
     itl_jitter_ratio: float = 3.0
     itl_min_gaps: int = 8
+    path_share: float = 0.25
+    connect_rtts: float = 2.0
     min_requests: int = 3
 
 
@@ -141,6 +147,40 @@ class _Req:
     chunk_gaps: tuple[float, ...] = ()
     span_ns: tuple[int, int] = (0, 0)  # (start, end) in epoch ns, to count overlap
     detailed: bool = False  # built from a Waterfall (TLS, ALPN, gaps and origin known)
+    tcp: _Tcp | None = None  # the kernel's TCP_INFO of the request's connection
+
+
+@dataclass(frozen=True)
+class _Tcp:
+    """What TCP_INFO says about one request's connection (RTTs in seconds)."""
+
+    connection: int | None
+    rtt: float
+    min_rtt: float
+    retrans: int  # segments we retransmitted since the connection was set up
+    out_of_order: int  # segments that arrived out of order (the peer's losses, reordering)
+    connect_retrans: int  # retransmitted while connecting (SYN, TLS handshake)
+    tls_version: str | None
+    wait: float  # the whole wait stage (request sent → headers), server spans inside included
+
+
+def _tcp(wf: Waterfall) -> _Tcp | None:
+    end = wf.tcp_end
+    if end is None:
+        return None
+    first = wf.tcp_connect
+    min_rtt = end.min_rtt_us if end.min_rtt_us else end.rtt_us
+    wait = wf.stage("wait")
+    return _Tcp(
+        connection=wf.connection.connection_id,
+        rtt=end.rtt_us / 1e6,
+        min_rtt=min_rtt / 1e6,
+        retrans=end.total_retrans,
+        out_of_order=end.rcv_ooopack or 0,
+        connect_retrans=0 if first is None else first.total_retrans,
+        tls_version=None if wf.tls is None else wf.tls.version,
+        wait=0.0 if wait is None else wait.duration,
+    )
 
 
 def _origin(url: str) -> str:
@@ -169,6 +209,7 @@ def _from_waterfall(wf: Waterfall) -> _Req:
         chunk_gaps=wf.chunk_gaps,
         span_ns=(_epoch(wf), _epoch(wf) + wf.e2e_ns),
         detailed=True,
+        tcp=_tcp(wf),
     )
 
 
@@ -509,6 +550,120 @@ def _jitter(c: _Context) -> Finding | None:
     )
 
 
+# -- rules that read the kernel's TCP_INFO ---------------------------------------------------
+def _with_tcp(c: _Context) -> list[tuple[_Req, _Tcp]]:
+    return [(r, r.tcp) for r in c.reqs if r.tcp is not None]
+
+
+def _losses(t: _Tcp) -> int:
+    return t.retrans + t.out_of_order
+
+
+def _tcp_loss(c: _Context) -> Finding | None:
+    pairs = _with_tcp(c)
+    last: dict[object, _Tcp] = {}  # counters are per connection: its latest reading
+    for i, (_, t) in enumerate(pairs):
+        key = t.connection if t.connection is not None else ("request", i)
+        if key not in last or t.retrans + t.out_of_order >= _losses(last[key]):
+            last[key] = t
+    retrans = sum(t.retrans for t in last.values())
+    out_of_order = sum(t.out_of_order for t in last.values())
+    if not retrans and not out_of_order:
+        return None
+    rtt = statistics.fmean(t.rtt for _, t in pairs)
+    at_stake = (retrans + out_of_order) * rtt / c.n  # each loss costs at least a round trip
+    if at_stake < c.th.min_time_s:
+        return None
+    return Finding(
+        "tcp_loss",
+        "packet loss on the path: TCP retransmits",
+        f"{retrans} segments retransmitted, {out_of_order} received out of order, on "
+        f"{len(last)} connection{'s' if len(last) != 1 else ''} (kernel TCP_INFO); RTT {_ms(rtt)}",
+        "packets are lost (or reordered) between client and server: a congested or lossy "
+        "link, a saturated NIC or queue, Wi-Fi; every loss costs at least one round trip",
+        "check the path for loss (mtr, interface drop counters), move the client nearer the "
+        "server, avoid lossy links; long streams suffer most",
+        at_stake,
+        len(pairs),
+        {"retransmits": retrans, "out_of_order": out_of_order, "rtt_s": rtt},
+    )
+
+
+def _round_trips(r: _Req, t: _Tcp) -> int:
+    """Round trips the request paid: TCP connect, the TLS handshake, the request itself."""
+    trips = 1
+    if "connect" in r.present:
+        trips += 1
+    if "tls" in r.present:
+        trips += 1 if t.tls_version in (None, "TLSv1.3") else 2
+    return trips
+
+
+def _path_rtt(c: _Context) -> Finding | None:
+    pairs = _with_tcp(c)
+    if not pairs:
+        return None
+    rtt = statistics.fmean(t.min_rtt for _, t in pairs)
+    trips = statistics.fmean(_round_trips(r, t) for r, t in pairs)
+    path = rtt * trips
+    e2e = statistics.fmean(r.e2e for r, _ in pairs)
+    share = _share(path, e2e)
+    if share <= c.th.path_share or path < c.th.min_time_s:
+        return None
+    wait = statistics.fmean(t.wait for _, t in pairs)
+    server = max(0.0, wait - rtt)
+    return Finding(
+        "path_rtt",
+        "a slow path, not a slow server: round trips dominate",
+        f"path RTT {_ms(rtt)} (kernel min_rtt) × {trips:.1f} round trips = {_ms(path)}, "
+        f"{share:.0%} of e2e {_ms(e2e)}; wait {_ms(wait)} is one RTT plus {_ms(server)} of "
+        f"server time{c.per()}",
+        "distance or a slow link between client and server: every round trip (TCP connect, "
+        "TLS handshake, the request) costs one RTT, whatever the server does",
+        "reuse connections (keep-alive, HTTP/2) and TLS sessions to drop the setup round "
+        "trips; run the client (or an edge/proxy) nearer the server",
+        path,
+        len(pairs),
+        {"rtt_s": rtt, "round_trips": trips, "server_s": server, "share": share},
+    )
+
+
+def _slow_connect(c: _Context) -> Finding | None:
+    slow = [
+        (r, t)
+        for r, t in _with_tcp(c)
+        if "connect" in r.present
+        and r.stages.get("connect", 0.0) > c.th.connect_rtts * t.min_rtt + c.th.min_time_s
+    ]
+    if not slow:
+        return None
+    connect = statistics.fmean(r.stages.get("connect", 0.0) for r, _ in slow)
+    rtt = statistics.fmean(t.min_rtt for _, t in slow)
+    at_stake = sum(r.stages.get("connect", 0.0) - t.min_rtt for r, t in slow) / c.n
+    if at_stake < c.th.min_time_s:
+        return None
+    resent = sum(t.connect_retrans for _, t in slow)
+    why = (
+        f"{resent} segments were retransmitted while connecting: a SYN or SYN-ACK was lost"
+        if resent
+        else "nothing was retransmitted: the server's SYN or accept queue is full, or a "
+        "firewall/load balancer holds the handshake"
+    )
+    return Finding(
+        "slow_connect",
+        "TCP connect took longer than the path's round trip",
+        f"connect {_ms(connect)} against a path RTT of {_ms(rtt)} ({connect / rtt:.1f} RTTs); "
+        f"{why}",
+        "the handshake waited beyond one round trip: SYN loss (each costs the initial RTO, "
+        "1 s) or a server that cannot accept connections fast enough",
+        "check for loss on the path; on the server raise the listen backlog (somaxconn, "
+        "tcp_max_syn_backlog) and accept faster; reuse connections",
+        at_stake,
+        len(slow),
+        {"connect_s": connect, "rtt_s": rtt, "connect_retrans": resent},
+    )
+
+
 #: Every rule by id, in no particular order (findings are ranked by time at stake).
 RULES: Mapping[str, Rule] = MappingProxyType(
     {
@@ -523,6 +678,9 @@ RULES: Mapping[str, Rule] = MappingProxyType(
         "decode": _decode,
         "network": _network,
         "itl_jitter": _jitter,
+        "tcp_loss": _tcp_loss,
+        "path_rtt": _path_rtt,
+        "slow_connect": _slow_connect,
     }
 )
 

@@ -33,6 +33,7 @@ PUBLIC = [
     "Recorder",
     "RequestError",
     "Span",
+    "TcpInfo",
     "TlsInfo",
     "UsageError",
     "Waterfall",

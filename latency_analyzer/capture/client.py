@@ -24,6 +24,7 @@ from ..timeline import ConnectionInfo, Recorder, Waterfall
 from ._consume import ResponseConsumer, note_server_headers
 from ._errors import classify
 from ._state import CURRENT, RequestState, TraceHook, now_ns
+from ._tcpinfo import tcp_info_of
 from .connector import TimedConnector, TimedProtocol
 from .http2 import H2Connection, H2Pool, HandoffToHTTP2
 from .propagation import inject
@@ -215,6 +216,8 @@ class Client:
             state.fail(kind, message, failed_at)
         finally:
             CURRENT.reset(token)
+            if recorder.tcp_end is None and state.protocol is not None:  # failed: if still open
+                recorder.tcp_end = tcp_info_of(state.protocol.transport)
             if state.protocol is not None and state.protocol.state is state:
                 state.protocol.detach()
         if recorder.interrupted or state.body_end_ns is None:
@@ -342,6 +345,7 @@ class Client:
                 else:
                     consumer.feed(data, 0)
             consumer.close(state.body_end_ns or now_ns())
+            rec.tcp_end = tcp_info_of(proto.transport)
 
 
 def _left(deadline_ns: int) -> float:

@@ -4,8 +4,10 @@ Where each instant comes from:
 
 * ``pool_wait``: ``connect()`` entry → a pooled connection handed over, or a slot free to
   open one (aiohttp's limit reached: the request queues here).
-* ``dns``: the whole ``_resolve_host`` call of *this* request, so a request that waits on
-  another's lookup (aiohttp throttles concurrent lookups) shows the time it really waited.
+* ``dns``: from the first query handed to the kernel (or this request's ``_resolve_host``
+  call, if it came to wait on a lookup already under way: aiohttp shares concurrent ones) to
+  the kernel's arrival of the last answer the lookup needed (:mod:`.resolver`). Building and
+  parsing messages, and the loop's delay in reading an answer, fall outside it (``other``).
 * ``connect``: ``_wrap_create_connection`` entry → the protocol factory call. asyncio calls the
   factory once the socket is connected and before any TLS byte, so this splits TCP from TLS.
   Sockets come from :func:`_socket_factory`, whose ``connect`` reports a handshake the kernel
@@ -15,6 +17,8 @@ Where each instant comes from:
 * ``send``: first ``transport.write`` of the request → the moment its last byte left our
   buffer (write buffer limits high=1/low=0, so ``resume_writing`` tells when a backlog
   drained).
+* ``TCP_INFO``: read once the connection is set up (after TLS), kept for every request the
+  connection carries; the client reads it again at each request's end.
 * response headers and body bytes: stamped in ``data_received`` before aiohttp parses them;
   body bytes are stamped by offset, so a reader that falls behind still gets arrival times.
 """
@@ -34,9 +38,11 @@ from aiohttp.connector import Connection
 from aiohttp.helpers import is_ip_address
 from aiohttp.tracing import Trace
 
-from ..timeline import ConnectionInfo, TlsInfo
+from ..timeline import ConnectionInfo, TcpInfo, TlsInfo
 from ._state import CURRENT, RequestState, now_ns
+from ._tcpinfo import tcp_info_of
 from .http2 import HandoffToHTTP2, HTTP2Refused
+from .resolver import DnsResolver
 
 __all__ = ["TimedConnector", "TimedProtocol"]
 
@@ -92,6 +98,7 @@ class TimedProtocol(ResponseHandler):
         # may arrive with the end of the TLS handshake, before the hand-over to HTTP/2.
         self.early: list[tuple[bytes, int]] | None = []
         self.tls: TlsInfo | None = None  # what the handshake settled, for every request it carries
+        self.tcp_connect: TcpInfo | None = None  # the kernel's TCP_INFO once set up
         self.last_write_ns = 0
         self.backlog = False
         self._marks: list[tuple[int, int]] = []  # (body bytes received so far, arrival ns)
@@ -258,6 +265,7 @@ class TimedConnector(TCPConnector):
         )
         if proto.tls is not None:
             state.recorder.tls = proto.tls  # reused connections report the TLS they travel on
+        state.recorder.tcp_connect = proto.tcp_connect
         proto.attach(state)
         state.protocol = proto
         return conn
@@ -274,10 +282,17 @@ class TimedConnector(TCPConnector):
         state = CURRENT.get()
         if state is None or is_ip_address(host):
             return await super()._resolve_host(host, port, traces)
-        state.begin("dns", now_ns(), host=host)
+        began = now_ns()
+        state.begin("dns", began, host=host)
         result = await super()._resolve_host(host, port, traces)
         addresses = ",".join(str(r["host"]) for r in result)
-        state.end("dns", now_ns(), addresses=addresses)
+        resolver = self._resolver
+        lookup = resolver.wire_lookup(host, began) if isinstance(resolver, DnsResolver) else None
+        if lookup is None:  # a cached or hosts-file answer: no query went out
+            state.end("dns", now_ns(), addresses=addresses, clock_source="userspace", queries=0)
+            return result
+        state.recorder.move_start("dns", max(began, lookup.first_sent_ns))
+        state.end("dns", lookup.answered_ns, addresses=addresses, **lookup.attributes())
         return result
 
     async def _wrap_create_connection(
@@ -309,6 +324,7 @@ class TimedConnector(TCPConnector):
             state.end(
                 "tls", made, version=info.version, alpn=info.alpn, resumed=info.session_reused
             )
+        cast(TimedProtocol, proto).tcp_connect = state.recorder.tcp_connect = tcp_info_of(transport)
         _maybe_hand_over(state, transport, proto, info, tls)
         return transport, proto
 

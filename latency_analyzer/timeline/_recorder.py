@@ -8,6 +8,7 @@ from ..errors import UsageError
 from ._clock import ClockAnchor, process_anchor
 from ._span import AttrValue, Span
 from ._stages import ROOT_NAME
+from ._tcpinfo import TcpInfo
 from ._tokens import distribute_tokens
 from ._waterfall import ConnectionInfo, TlsInfo, Waterfall
 
@@ -58,6 +59,8 @@ class Recorder:
         self.http_version: str | None = None
         self.tls: TlsInfo | None = None
         self.connection = ConnectionInfo()
+        self.tcp_connect: TcpInfo | None = None
+        self.tcp_end: TcpInfo | None = None
         self.error: str | None = None
         self.error_type: str | None = None
         self.usage_prompt: int | None = None
@@ -81,6 +84,15 @@ class Recorder:
             raise UsageError(f"stage {name!r} was not begun") from None
         opened.update(attrs)
         self.add(name, start, max(start, t_ns), **opened)
+
+    def move_start(self, name: str, t_ns: int) -> None:
+        """Start the open stage ``name`` at ``t_ns`` instead: a boundary known only later (the
+        instant a query left, read once the lookup is done)."""
+        try:
+            _, opened = self._open[name]
+        except KeyError:
+            raise UsageError(f"stage {name!r} was not begun") from None
+        self._open[name] = (t_ns, opened)
 
     def add(self, name: str, start_ns: int, end_ns: int, **attrs: AttrValue) -> None:
         """Record a closed stage."""
@@ -169,6 +181,8 @@ class Recorder:
             connection=self.connection,
             anchor=self.anchor,
             attributes=self.attributes,
+            tcp_connect=self.tcp_connect,
+            tcp_end=self.tcp_end,
         )
 
     def _lag_span(self) -> list[Span]:

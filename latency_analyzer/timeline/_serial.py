@@ -12,6 +12,7 @@ from typing import Any
 from ..errors import UsageError
 from ._clock import ClockAnchor
 from ._span import Span
+from ._tcpinfo import TcpInfo
 from ._waterfall import ConnectionInfo, TlsInfo, Waterfall
 
 __all__ = [
@@ -72,6 +73,10 @@ def waterfall_to_dict(wf: Waterfall) -> dict[str, Any]:
     out["connection"] = _fields(wf.connection)
     out["anchor"] = None if wf.anchor is None else _fields(wf.anchor)
     out["attributes"] = dict(wf.attributes)
+    for key in ("tcp_connect", "tcp_end"):  # only when read: older readers see no new keys
+        reading = getattr(wf, key)
+        if reading is not None:
+            out[key] = _fields(reading)
     return out
 
 
@@ -94,6 +99,8 @@ def waterfall_from_dict(data: Mapping[str, Any]) -> Waterfall:
         connection=ConnectionInfo(**data.get("connection", {})),
         anchor=ClockAnchor(**data["anchor"]) if data.get("anchor") else None,
         attributes=data.get("attributes", {}),
+        tcp_connect=TcpInfo(**data["tcp_connect"]) if data.get("tcp_connect") else None,
+        tcp_end=TcpInfo(**data["tcp_end"]) if data.get("tcp_end") else None,
         **scalars,
     )
 

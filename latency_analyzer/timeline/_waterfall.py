@@ -11,6 +11,7 @@ from ..errors import RequestError, UsageError
 from ._clock import ClockAnchor
 from ._display import present
 from ._span import AttrValue, Span, exclusive_ns
+from ._tcpinfo import TcpInfo
 from ._tokens import per_token_gaps_ns
 
 __all__ = ["ConnectionInfo", "TlsInfo", "Waterfall"]
@@ -55,6 +56,8 @@ class Waterfall:
     ``root`` spans from the request's start (its intended start, in an open-loop run) to its
     end; its children are the client stages. Token arrivals are kept per content-carrying chunk
     (``chunk_times_ns``) with the number of tokens each chunk carried (``chunk_tokens``).
+    ``tcp_connect`` is the kernel's view of the connection (``TCP_INFO``) once it was set up,
+    ``tcp_end`` the same at the end of this request (None: not TCP, or not Linux).
     """
 
     root: Span
@@ -75,6 +78,8 @@ class Waterfall:
     connection: ConnectionInfo = field(default_factory=ConnectionInfo)
     anchor: ClockAnchor | None = None
     attributes: Mapping[str, AttrValue] = field(default_factory=dict, hash=False)
+    tcp_connect: TcpInfo | None = None
+    tcp_end: TcpInfo | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.attributes, MappingProxyType):
@@ -247,12 +252,23 @@ class Waterfall:
             "connection_reused": self.connection.reused,
             "tls": None if self.tls is None else _tls_dict(self.tls),
             "start_epoch_ns": self.start_epoch_ns,
+            **({} if self.tcp_end is None else {"tcp": _tcp_dict(self.tcp_end)}),
         }
 
     def __repr__(self) -> str:
         parts = ", ".join(f"{k}={v * 1e3:.2f}ms" for k, v in self.attribution().items() if v)
         status = f"error={self.error_type!r}" if self.error else f"status={self.status}"
         return f"<Waterfall {self.method} {self.url} {status} e2e={self.e2e * 1e3:.2f}ms {parts}>"
+
+
+def _tcp_dict(tcp: TcpInfo) -> dict[str, object]:
+    """The CLI's view: seconds, and the counters that tell loss."""
+    return {
+        "rtt_s": tcp.rtt,
+        "min_rtt_s": None if tcp.min_rtt_us is None else tcp.min_rtt_us / 1e6,
+        "total_retrans": tcp.total_retrans,
+        "lost": tcp.lost,
+    }
 
 
 def _tls_dict(tls: TlsInfo) -> dict[str, object]:
