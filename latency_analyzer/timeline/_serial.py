@@ -62,6 +62,9 @@ _SCALARS = (
 )
 
 
+_READ_FIELDS = ("clock_source", "read_lag_p50_ns", "read_lag_max_ns", "reads", "multi_event_reads")
+
+
 def waterfall_to_dict(wf: Waterfall) -> dict[str, Any]:
     """A JSON-ready dict holding everything in ``wf``."""
     out: dict[str, Any] = {"schema": SCHEMA_VERSION, "root": span_to_dict(wf.root)}
@@ -72,6 +75,9 @@ def waterfall_to_dict(wf: Waterfall) -> dict[str, Any]:
     out["connection"] = _fields(wf.connection)
     out["anchor"] = None if wf.anchor is None else _fields(wf.anchor)
     out["attributes"] = dict(wf.attributes)
+    for name in _READ_FIELDS:  # written only when reads were recorded
+        if wf.reads:
+            out[name] = getattr(wf, name)
     return out
 
 
@@ -95,6 +101,7 @@ def waterfall_from_dict(data: Mapping[str, Any]) -> Waterfall:
         anchor=ClockAnchor(**data["anchor"]) if data.get("anchor") else None,
         attributes=data.get("attributes", {}),
         **scalars,
+        **{name: data[name] for name in _READ_FIELDS if name in data},
     )
 
 
