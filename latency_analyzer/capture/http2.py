@@ -11,8 +11,9 @@ connector (DNS, TCP, TLS with ALPN) and, when ALPN settles on ``h2`` (or for pri
   under the server's ``SETTINGS_MAX_CONCURRENT_STREAMS``.
 * ``send``: HEADERS written → the last DATA frame written and out of our buffer; time blocked
   on flow control is kept as ``flow_control_wait_ms``.
-* response: HEADERS, DATA and END_STREAM stamped in ``data_received`` and fed to the same
-  ``ResponseConsumer`` as HTTP/1.1.
+* response: HEADERS, DATA and END_STREAM stamped with the kernel's receive time of the read
+  that brought them (the socket's stamp, read in ``data_received``) and fed to the same
+  ``ResponseConsumer`` as HTTP/1.1; each stream with an event in a read notes its read lag.
 
 GOAWAY ends the streams the server will not process (``last_stream_id`` and above) with an
 error and refuses new ones; RST_STREAM ends its stream only.
@@ -41,6 +42,7 @@ import h2.exceptions
 from ..timeline import TlsInfo
 from ._consume import ResponseConsumer, note_server_headers
 from ._state import RequestState, now_ns
+from ._wire import wire_of
 
 __all__ = ["H2Connection", "H2Pool", "HTTP2Refused", "HTTP2SettleTimeout", "HandoffToHTTP2"]
 
@@ -126,7 +128,7 @@ class _GoAwayFilter:
 
 
 class _Stream:
-    __slots__ = ("consumer", "done", "ended", "flow_wait_ns", "last_write_ns", "state")
+    __slots__ = ("consumer", "done", "ended", "flow_wait_ns", "last_write_ns", "read_ns", "state")
 
     def __init__(self, state: RequestState, loop: asyncio.AbstractEventLoop) -> None:
         self.state = state
@@ -135,6 +137,7 @@ class _Stream:
         self.ended = False
         self.last_write_ns = 0
         self.flow_wait_ns = 0
+        self.read_ns = 0  # userspace instant of the last read noted on this stream
 
     def finish(self) -> None:
         self.ended = True
@@ -171,6 +174,8 @@ class H2Connection(asyncio.Protocol):
         self._settle_timeout = settle_timeout
         self._settle_timer: asyncio.TimerHandle | None = None
         self.backlog = False
+        self._wire = wire_of(transport)
+        self._read_user_ns = 0  # when the read being processed was made (0: not a socket read)
         self.closing: str | None = None  # why no new stream may start (GOAWAY, lost)
         self.on_closing: Callable[[H2Connection], None] | None = None  # the pool lets it go
         self.closed: asyncio.Future[None] = self._loop.create_future()  # connection_lost
@@ -298,7 +303,7 @@ class H2Connection(asyncio.Protocol):
             self.transport.write(data)
             self.backlog = self.transport.get_write_buffer_size() > 0
             if stream is not None:
-                stream.last_write_ns = now_ns()
+                stream.last_write_ns = self._sent_ns()
 
     async def _wait_for_room(self) -> None:
         """Until a WINDOW_UPDATE arrives or our write backlog drains (either may let us send)."""
@@ -306,8 +311,16 @@ class H2Connection(asyncio.Protocol):
         self._window_waiters.append(waiter)
         await waiter
 
+    def _sent_ns(self) -> int:
+        """When the latest send syscall was entered (the socket's stamp), else now.
+
+        The kernel has the bytes from the syscall's start (on loopback they are delivered
+        inside it), while its return can be late by however long we were descheduled."""
+        wire = self._wire
+        return wire.send_start_ns if wire is not None and wire.send_start_ns else now_ns()
+
     def resume_writing(self) -> None:
-        drained = now_ns()
+        drained = self._sent_ns()
         self.backlog = False
         for stream in self._streams.values():
             if stream.state.recorder.is_open("send"):
@@ -332,7 +345,22 @@ class H2Connection(asyncio.Protocol):
 
     # -- reading --
     def data_received(self, data: bytes) -> None:
-        self._receive(data, now_ns())
+        wire = self._wire
+        if wire is None or not wire.read_user_ns:
+            self._receive(data, now_ns())
+            return
+        self._read_user_ns = wire.read_user_ns
+        try:
+            self._receive(data, wire.read_kernel_ns)
+        finally:
+            self._read_user_ns = 0
+
+    def _note_read(self, stream: _Stream, t: int) -> None:
+        """The stream got bytes from the read being processed: its lag is noted once per read."""
+        wire, user = self._wire, self._read_user_ns
+        if wire is not None and user and stream.read_ns != user:
+            stream.read_ns = user
+            stream.state.recorder.read(t, user, wire.read_stamped, wire.refused)
 
     def _receive(self, data: bytes, t: int) -> None:
         try:
@@ -396,6 +424,7 @@ class H2Connection(asyncio.Protocol):
             raise _BadResponse(f":status {raw_status[:16]!r} is not a three-digit status code")
         status = int(raw_status)
         rec = stream.state.recorder
+        self._note_read(stream, t)
         if rec.is_open("send"):
             backlog = {"backlog_at_headers": True} if self.backlog else {}
             stream.state.end("send", stream.last_write_ns or t, **_flow(stream), **backlog)
@@ -410,6 +439,7 @@ class H2Connection(asyncio.Protocol):
         self._h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
         stream = self._streams.get(event.stream_id)
         if stream is not None and stream.consumer is not None and event.data:
+            self._note_read(stream, t)
             stream.consumer.feed(bytes(event.data), t)
 
     def _on_end(self, stream_id: int, t: int) -> None:

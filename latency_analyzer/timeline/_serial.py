@@ -63,6 +63,9 @@ _SCALARS = (
 )
 
 
+_READ_FIELDS = ("clock_source", "read_lag_p50_ns", "read_lag_max_ns", "reads", "multi_event_reads")
+
+
 def waterfall_to_dict(wf: Waterfall) -> dict[str, Any]:
     """A JSON-ready dict holding everything in ``wf``."""
     out: dict[str, Any] = {"schema": SCHEMA_VERSION, "root": span_to_dict(wf.root)}
@@ -77,6 +80,9 @@ def waterfall_to_dict(wf: Waterfall) -> dict[str, Any]:
         reading = getattr(wf, key)
         if reading is not None:
             out[key] = _fields(reading)
+    for name in _READ_FIELDS:  # written only when reads were recorded
+        if wf.reads:
+            out[name] = getattr(wf, name)
     return out
 
 
@@ -102,6 +108,7 @@ def waterfall_from_dict(data: Mapping[str, Any]) -> Waterfall:
         tcp_connect=TcpInfo(**data["tcp_connect"]) if data.get("tcp_connect") else None,
         tcp_end=TcpInfo(**data["tcp_end"]) if data.get("tcp_end") else None,
         **scalars,
+        **{name: data[name] for name in _READ_FIELDS if name in data},
     )
 
 

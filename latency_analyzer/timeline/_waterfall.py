@@ -58,6 +58,13 @@ class Waterfall:
     (``chunk_times_ns``) with the number of tokens each chunk carried (``chunk_tokens``).
     ``tcp_connect`` is the kernel's view of the connection (``TCP_INFO``) once it was set up,
     ``tcp_end`` the same at the end of this request (None: not TCP, or not Linux).
+
+    Arrival instants are the kernel's receive timestamps of the reads that brought the bytes
+    where ``clock_source`` is ``"kernel"`` (``"userspace"``: when our event loop read them;
+    ``"mixed"``: some of each; None: nothing was read). The kernel stamps a read's last
+    segment, so chunks that shared one read (``multi_event_reads`` counts such reads) share
+    its stamp. ``read_lag_p50_ns`` / ``read_lag_max_ns``: how long after the kernel's stamp
+    our event loop read the bytes (median and worst of the response's ``reads``).
     """
 
     root: Span
@@ -80,6 +87,11 @@ class Waterfall:
     attributes: Mapping[str, AttrValue] = field(default_factory=dict, hash=False)
     tcp_connect: TcpInfo | None = None
     tcp_end: TcpInfo | None = None
+    clock_source: str | None = None
+    read_lag_p50_ns: int | None = None
+    read_lag_max_ns: int | None = None
+    reads: int = 0
+    multi_event_reads: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.attributes, MappingProxyType):
@@ -154,6 +166,26 @@ class Waterfall:
     @property
     def ttft(self) -> float | None:
         return _s(self.ttft_ns)
+
+    @property
+    def ttft_wire_ns(self) -> int | None:
+        """First request byte handed to the kernel (``send`` start) to the first token's
+        arrival: what the network and the server cost, without our own work before sending."""
+        first, send = self.first_token_ns, self.stage("send")
+        return None if first is None or send is None else first - send.start_ns
+
+    @property
+    def ttft_wire(self) -> float | None:
+        return _s(self.ttft_wire_ns)
+
+    @property
+    def read_lag_p50(self) -> float | None:
+        """Median seconds between a read's kernel stamp and our event loop getting it."""
+        return _s(self.read_lag_p50_ns)
+
+    @property
+    def read_lag_max(self) -> float | None:
+        return _s(self.read_lag_max_ns)
 
     @property
     def ttfrt(self) -> float | None:
@@ -253,6 +285,11 @@ class Waterfall:
             "tls": None if self.tls is None else _tls_dict(self.tls),
             "start_epoch_ns": self.start_epoch_ns,
             **({} if self.tcp_end is None else {"tcp": _tcp_dict(self.tcp_end)}),
+            "ttft_wire_s": self.ttft_wire,
+            "clock_source": self.clock_source,
+            "read_lag_p50_s": self.read_lag_p50,
+            "read_lag_max_s": self.read_lag_max,
+            "multi_event_reads": self.multi_event_reads,
         }
 
     def __repr__(self) -> str:
