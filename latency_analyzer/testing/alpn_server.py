@@ -79,9 +79,8 @@ class _Dispatch(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.early += data
 
-    def eof_received(self) -> bool:
-        self.eof = True
-        return True  # keep the transport open until the hand-off decides
+    def eof_received(self) -> None:
+        self.eof = True  # over TLS the transport closes itself after this; nothing to keep
 
     async def _handshake(self, raw: asyncio.Transport) -> None:
         server = self.server
@@ -107,8 +106,8 @@ class _Dispatch(asyncio.Protocol):
         inner.connection_made(tls)
         if self.early and isinstance(inner, asyncio.Protocol):
             inner.data_received(bytes(self.early))
-        if self.eof and isinstance(inner, asyncio.Protocol) and not inner.eof_received():
-            tls.close()
+        if self.eof and isinstance(inner, asyncio.Protocol):
+            inner.eof_received()
 
 
 class ALPNLLMServer(Service):
