@@ -13,6 +13,7 @@ from typing import Any
 from . import __version__
 from .capture.client import probe
 from .cli_diagnose import add_diagnose_parser, probe_many
+from .cli_export import add_export_parser
 from .errors import RequestError, UsageError
 from .load.cli import add_compare_parser, add_run_parser
 from .report.text import render_waterfall
@@ -105,6 +106,7 @@ def _parser() -> argparse.ArgumentParser:
     add_run_parser(sub)
     add_compare_parser(sub)
     add_diagnose_parser(sub)
+    add_export_parser(sub)
     return parser
 
 
