@@ -14,6 +14,7 @@ from . import __version__
 from .capture.client import probe
 from .cli_diagnose import add_diagnose_parser, probe_many
 from .cli_export import add_export_parser
+from .cli_report import add_report_parser
 from .errors import RequestError, UsageError
 from .load.cli import add_compare_parser, add_run_parser
 from .report.text import render_waterfall
@@ -107,6 +108,7 @@ def _parser() -> argparse.ArgumentParser:
     add_compare_parser(sub)
     add_diagnose_parser(sub)
     add_export_parser(sub)
+    add_report_parser(sub)
     return parser
 
 

@@ -101,15 +101,10 @@ class Summary:
         every cell is ``value [low–high]``, the bracket being the percentile's confidence
         interval. Errors are listed only when there were some.
         """
-        lines = _conditions_text(self.conditions)
+        lines = self.conditions_lines()
         if not self.rows:
             return "\n".join([*lines, "no requests"])
-        keys = ["mean", *self.rows[0].percentiles]
-        table = [["", "unit", "n", *keys]]
-        for r in self.rows:
-            cells = [r.mean, *r.percentiles.values()]
-            scale, unit = _unit(r.unit, cells)
-            table.append([r.name, unit, str(r.n), *(_cell(e, scale) for e in cells)])
+        table = self.table()
         widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
         for row in table:
             first = f"{row[0]:<{widths[0]}}  {row[1]:<{widths[1]}}"
@@ -119,6 +114,26 @@ class Summary:
         lines.append(f"[low–high]: {self.confidence:.0%} bootstrap confidence interval")
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
+
+    def table(self) -> list[list[str]]:
+        """The rows as text cells: a header (``"", "unit", "n", "mean", "p50" ...``), then one
+        row per metric and stage with its unit and ``value [low–high]`` cells."""
+        if not self.rows:
+            return []
+        table = [["", "unit", "n", "mean", *self.rows[0].percentiles]]
+        for r in self.rows:
+            cells = [r.mean, *r.percentiles.values()]
+            scale, unit = _unit(r.unit, cells)
+            table.append([r.name, unit, str(r.n), *(_cell(e, scale) for e in cells)])
+        return table
+
+    def conditions_lines(self) -> list[str]:
+        """The conditions as lines of text (target and path, machine, client health)."""
+        return _conditions_text(self.conditions)
+
+    def counts_line(self) -> str:
+        """Requests, ok, errors by kind (when there are some), warm-up, throughput."""
+        return self._counts_line()
 
     def _counts_line(self) -> str:
         c, t = self.counts, self.throughput

@@ -358,6 +358,7 @@ def _http_tls(ws: WaterfallSet, tls_versions: set[str]) -> None:
     versions = sorted({v for v in ws.labels("http_version") if v})
     ws.meta.setdefault("fingerprint", {})["http_versions"] = versions
     ws.meta["fingerprint"]["tls_versions"] = sorted(tls_versions)
+    ws.note("fingerprint", ws.meta["fingerprint"])  # the file's header was written before
 
 
 def _target_check(r: _Run, res: RunResult) -> None:
