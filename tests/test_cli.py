@@ -340,20 +340,43 @@ def test_version_flag(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().out.strip() == f"latency-analyzer {la.__version__}"
 
 
-def test_demo_json_prints_a_cold_and_a_warm_waterfall(capsys: pytest.CaptureFixture[str]) -> None:
+def test_demo_json_prints_a_cold_and_a_warm_waterfall_and_the_diagnosis(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     assert main(["demo", "--json"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 2
-    cold, warm = (json.loads(line) for line in lines)
+    assert len(lines) == 3
+    cold, warm, dx = (json.loads(line) for line in lines)
     for obj in (cold, warm):
         _check_design_contract(obj)
         assert obj["error"] is None
-        assert obj["e2e_s"] > 0.2  # 24 tokens x 8 ms of decode alone is 184 ms
-        assert obj["output_tokens"] == 24
+        assert obj["e2e_s"] > 0.030  # 16 tokens x 2 ms of decode alone is 30 ms
+        assert obj["output_tokens"] == 16
+        assert obj["http_version"] == "1.1"
     assert cold["connection_reused"] is False
     assert warm["connection_reused"] is True
     assert {"dns", "connect", "tls"} <= cold["stages"].keys()
     assert not {"dns", "connect", "tls"} & warm["stages"].keys()
+    # the server offers h2 (asked through the demo's own resolver), the client only http/1.1
+    assert dx["alpn"] == "h2"
+    assert {f["rule"] for f in dx["findings"]} == {"dns", "new_connection", "http1"}
+    assert dx["what_if"]["then_s"] == pytest.approx(
+        cold["ttft_s"] - sum(cold["stages"].get(s, 0.0) for s in dx["what_if"]["stages"])
+    )
+
+
+def test_demo_text_holds_each_stage_to_the_servers_log_and_ends_with_the_what_if(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["demo"]) == 0
+    out = capsys.readouterr().out
+    table = out[out.index("== injected vs measured") : out.index("== diagnosis")]
+    for row in ("dns (cold)", "tls (cold)", "wait (warm)", "first_token", "tpot (warm)"):
+        line = next(line for line in table.splitlines() if line.strip().startswith(row))
+        assert "ok (" in line or "off by" in line, line  # every row has a verdict
+    tail = out.rstrip().splitlines()[-1]
+    assert tail.startswith("what-if: with ") and "TTFT" in tail and "instead of" in tail
+    assert "[dns]" in out and "[new_connection]" in out and "[http1]" in out
 
 
 # --- secrets ----------------------------------------------------------------------------------

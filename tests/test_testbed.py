@@ -43,8 +43,11 @@ def test_public_names_are_pinned() -> None:
     assert sorted(testing.__all__) == sorted(
         [
             "FAULTS",
+            "ALPNLLMServer",
             "H2LLMServer",
             "H2StreamRecord",
+            "Handshake",
+            "TestBed",
             "SERVER_NAMES",
             "Behavior",
             "DNSQuery",

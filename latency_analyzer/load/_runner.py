@@ -116,6 +116,7 @@ class _Run:
         self.progress = progress
         self.issued = 0
         self.stored = 0
+        self.tls_versions: set[str] = set()
         self.t0 = 0
         self.issue_end_ns = 0
 
@@ -136,6 +137,8 @@ class _Run:
         tags = Tags(self.sc.name, template.name, length, self.worker, self.step, warmup)
         self.ws.add(wf, tags)
         self.stored += 1
+        if wf.tls is not None and wf.tls.version:
+            self.tls_versions.add(wf.tls.version)
         if self.on_row is not None:
             self.on_row(wf, tags)
         if self.progress is not None:
@@ -321,7 +324,7 @@ def _result(r: _Run, mon: LoopMonitor, pacer: Pacer | None) -> RunResult:
         raise UsageError(f"{r.issued} requests issued but {r.stored} stored")
     health = mon.health(pacer)
     res = RunResult(r.ws, r.sc, r.issued, health, mon.wall_s)
-    _http_tls(r.ws)
+    _http_tls(r.ws, r.tls_versions)
     if r.sc.mode == "open" and r.sc.arrival != "burst":
         _target_check(r, res)
     note = health.note()
@@ -331,9 +334,11 @@ def _result(r: _Run, mon: LoopMonitor, pacer: Pacer | None) -> RunResult:
     return res
 
 
-def _http_tls(ws: WaterfallSet) -> None:
+def _http_tls(ws: WaterfallSet, tls_versions: set[str]) -> None:
     versions = sorted({v for v in ws.labels("http_version") if v})
     ws.meta.setdefault("fingerprint", {})["http_versions"] = versions
+    ws.meta["fingerprint"]["tls_versions"] = sorted(tls_versions)
+    ws.note("fingerprint", ws.meta["fingerprint"])  # the file's header was written before
 
 
 def _target_check(r: _Run, res: RunResult) -> None:

@@ -1,14 +1,9 @@
 """``latency-analyzer run SCENARIO.toml`` and ``latency-analyzer compare A B``.
 
-The lead wires these into ``latency_analyzer/cli.py``::
-
-    from .load.cli import add_compare_parser, add_run_parser
-    add_run_parser(sub)        # sets defaults(func=...) on its parser
-    add_compare_parser(sub)
-    ...
-    if hasattr(args, "func"): return args.func(args)
-
-``rich`` (optional) draws a progress bar; without it a plain line is printed at the end.
+``add_run_parser`` and ``add_compare_parser`` add the two verbs to the top-level parser of
+``latency_analyzer.cli``; each sets ``func`` on its parser, which ``main`` calls. On a
+terminal, a run draws a progress line on stderr (count, elapsed time, ETA and, for an open
+loop, the achieved rate).
 """
 
 from __future__ import annotations
@@ -24,6 +19,7 @@ from typing import Any
 from ..analysis import WaterfallSet, check_claim, compare
 from ..metrics import Scraper, Target, summary_text
 from ._presets import PRESETS, length_buckets, preset_scenario, run_fault_injection
+from ._progress import ProgressLine
 from ._runner import Progress, RunResult, run
 from ._scenario import Scenario, load_scenario
 from .distributed import auto_workers, run_ray_sync, run_workers_sync
@@ -82,6 +78,12 @@ def add_compare_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentP
     p.add_argument("candidate", metavar="B.jsonl")
     p.add_argument("--metric", default="ttft_p95", help="for --claim. Default: %(default)r")
     p.add_argument("--claim", type=float, metavar="X", help="claimed speedup (e.g. 15)")
+    p.add_argument(
+        "--pair-by",
+        choices=("auto", "name", "position"),
+        default="auto",
+        help="pair scenarios by name, by position, or by name when shared (Default: auto)",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_compare)
 
@@ -121,26 +123,16 @@ def _scenario(args: argparse.Namespace) -> Scenario:
     return Scenario.from_dict(given)
 
 
-def _progress() -> tuple[Progress | None, Callable[[], None]]:
-    try:
-        # rich is an optional extra, absent from the type-checking environment
-        from rich.progress import Progress as Bar  # type: ignore[import-not-found, unused-ignore]
-    except ImportError:
-        return None, lambda: None
-    bar = Bar(transient=True)
-    task = bar.add_task("requests", total=None)
-    bar.start()
-
-    def update(done: int, total: int | None) -> None:
-        bar.update(task, completed=done, total=total)
-
-    return update, bar.stop
+def _progress(sc: Scenario) -> tuple[Progress | None, Callable[[], None]]:
+    """A progress line on a terminal's stderr: count, elapsed, ETA (and rate, open loop)."""
+    line = ProgressLine(sc)
+    return (line if line.enabled else None), line.close
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run, write the set to ``--out``, print the summary (exit 1 if any request failed)."""
     sc = _scenario(args)
-    update, stop = _progress()
+    update, stop = _progress(sc)
     extra: dict[str, Any] = {}
     try:
         if args.preset == "fault_injection":
@@ -196,10 +188,12 @@ def _print_run(result: RunResult, args: argparse.Namespace, extra: dict[str, Any
 def cmd_compare(args: argparse.Namespace) -> int:
     """Print the comparison; with ``--claim``, exit 1 when the claim is not supported."""
     base, cand = WaterfallSet.load(args.baseline), WaterfallSet.load(args.candidate)
-    comp = compare(base, cand)
+    comp = compare(base, cand, pair_by=args.pair_by)
     claim = None
     if args.claim is not None:
-        claim = check_claim(base, cand, claimed=args.claim, metric=args.metric)
+        claim = check_claim(
+            base, cand, claimed=args.claim, metric=args.metric, pair_by=args.pair_by
+        )
     if args.json:
         out = comp.to_dict()
         if claim is not None:

@@ -153,7 +153,15 @@ def worst_client(outs: list[dict[str, Any]]) -> ClientHealth:
     if not outs:
         return ClientHealth({"p50_s": 0.0, "p99_s": 0.0, "max_s": 0.0}, None, 0.0, 0)
     c = max((o["result"]["client"] for o in outs), key=lambda c: c["loop_lag"]["p99_s"])
-    return ClientHealth(c["loop_lag"], c["pacer_lag"], c["cpu_cores"], c["peak_rss_bytes"])
+    return ClientHealth(
+        c["loop_lag"],
+        c["pacer_lag"],
+        c["cpu_cores"],
+        c["peak_rss_bytes"],
+        c.get("steal"),
+        c.get("load_avg"),
+        c.get("cpus"),
+    )
 
 
 def rates(res: DistributedResult) -> None:
