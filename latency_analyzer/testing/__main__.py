@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import sys
 
+from ._priority import realtime
 from .bed import serve_bed
 from .dns_server import DNSServer
 from .llm_server import LLMServer, serve_in_child
@@ -42,9 +43,11 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point of ``python -m latency_analyzer.testing``."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["llm-server"]:
+        realtime()  # ground truth that host load cannot delay, where the OS allows it
         serve_in_child(argv[1])
         return
     if argv[:1] == ["bed"]:
+        realtime()
         serve_bed(argv[1])
         return
     with contextlib.suppress(KeyboardInterrupt):
