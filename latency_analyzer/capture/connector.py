@@ -34,7 +34,7 @@ import asyncio
 import functools
 import itertools
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 from aiohttp import ClientRequest, ClientTimeout, TCPConnector
@@ -111,6 +111,10 @@ class TimedProtocol(ResponseHandler):
         self.backlog = False
         self._marks: list[tuple[int, int]] = []  # (body bytes received so far, arrival ns)
         self._marked_payload: object = None
+        # HTTP/2 hand-over at connection_made (the handshake's end), before asyncio and
+        # aiohttp return the connection to the connector: the request leaves ~0.4 ms sooner
+        self.on_made: Callable[[TimedProtocol, asyncio.Transport], None] | None = None
+        self.handoff: HandoffToHTTP2 | BaseException | None = None
 
     # -- connection --
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -126,6 +130,8 @@ class TimedProtocol(ResponseHandler):
         # empty and resume only on the next received record.)
         transport.set_write_buffer_limits(high=1, low=0)
         self.transport = cast(asyncio.Transport, _TimedTransport(transport, self))
+        if self.on_made is not None:
+            self.on_made(self, transport)
 
     def attach(self, state: RequestState) -> None:
         """Pin the request now using this connection (protocol callbacks cannot see ContextVars)."""
@@ -361,7 +367,11 @@ class TimedConnector(TCPConnector):
                 state.end("connect", t)
             if tls and not _seen(state, "tls"):
                 state.begin("tls", t)
-            return cast(ResponseHandler, factory())
+            proto = cast(TimedProtocol, factory())
+            if state.h2_open is not None:
+                hostname = kwargs.get("server_hostname")
+                proto.on_made = functools.partial(_hand_over_at_once, state, tls, hostname)
+            return proto
 
         try:
             transport, proto = await super()._wrap_create_connection(
@@ -411,10 +421,43 @@ def _maybe_hand_over(
     if tls and alpn != "h2" and state.alpn_settled is not None:  # HTTP/1.1: tell the waiters
         state.alpn_settled()
         state.alpn_settled = None
+    done = cast(TimedProtocol, proto).handoff
+    if isinstance(done, BaseException):  # HandoffToHTTP2 (ready to raise) or what h2_open raised
+        raise done
     if alpn == "h2" or (not tls and state.h2_mode == "require"):
         transport.pause_reading()  # nothing more for aiohttp's parser; the new owner resumes
         early = cast(TimedProtocol, proto).early or []
-        raise HandoffToHTTP2(transport, info, _peer(proto), early)
+        handoff = HandoffToHTTP2(transport, info, _peer(proto), early)
+        if state.h2_open is not None:  # the request goes out now, not after the unwinding
+            state.h2_open(handoff)
+        raise handoff
+
+
+def _hand_over_at_once(
+    state: RequestState,
+    tls: bool,
+    server_hostname: object,
+    proto: TimedProtocol,
+    transport: asyncio.Transport,
+) -> None:
+    """At ``connection_made``: when this is an HTTP/2 connection, open it and send now.
+
+    What ``_maybe_hand_over`` would do once the connection is back in the connector, minus
+    the failure cases, which are left to it (HTTP/1.1 chosen, ``h2`` required and refused).
+    """
+    info = _tls_info(transport, server_hostname) if tls else None
+    alpn = info.alpn if info is not None else None
+    if state.h2_open is None or not (alpn == "h2" or (not tls and state.h2_mode == "require")):
+        return
+    transport.pause_reading()
+    handoff = HandoffToHTTP2(transport, info, _peer(proto), [])
+    try:
+        state.h2_open(handoff)
+    except Exception as exc:  # raised from the connector, not inside asyncio's callback
+        proto.handoff = exc
+        return
+    state.h2_open = None
+    proto.handoff = handoff
 
 
 def _tls_info(transport: asyncio.BaseTransport, server_hostname: object) -> TlsInfo:

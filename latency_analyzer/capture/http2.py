@@ -6,7 +6,14 @@ connector (DNS, TCP, TLS with ALPN) and, when ALPN settles on ``h2`` (or for pri
 
 * ``h2_setup``: client preface + SETTINGS written → the server's SETTINGS received (the ACK of
   ours is kept as the attribute ``settings_ack_ms``). Only the stream that opened the
-  connection has it, with dns/connect/tls.
+  connection has it, with dns/connect/tls. That stream does not wait for the server's
+  SETTINGS: its HEADERS follow our preface at once (RFC 9113 §3.4 allows it, as curl and
+  browsers do), so ``h2_setup`` overlaps its ``send`` and ``wait`` and is attributed only the
+  time no other stage covers. The request goes out under the protocol's initial settings;
+  SETTINGS that then lower the stream window are applied by ``h2`` to the open stream (its
+  window may go negative: we wait for WINDOW_UPDATE), the frame size cannot go below the
+  initial 16 KiB, and other streams wait for the SETTINGS before they open, so the server's
+  stream limit is known first.
 * ``pool_wait``: a stream waiting for the connection to be ready or for a free stream slot
   under the server's ``SETTINGS_MAX_CONCURRENT_STREAMS``.
 * ``send``: HEADERS written → the last DATA frame written and out of our buffer; time blocked
@@ -44,7 +51,14 @@ from ._consume import ResponseConsumer, note_server_headers
 from ._state import RequestState, now_ns
 from ._wire import wire_of
 
-__all__ = ["H2Connection", "H2Pool", "HTTP2Refused", "HTTP2SettleTimeout", "HandoffToHTTP2"]
+__all__ = [
+    "H2Connection",
+    "H2Pool",
+    "H2Stream",
+    "HTTP2Refused",
+    "HTTP2SettleTimeout",
+    "HandoffToHTTP2",
+]
 
 _HOP_BY_HOP = {
     "connection",
@@ -57,7 +71,11 @@ _HOP_BY_HOP = {
 
 
 class HandoffToHTTP2(Exception):
-    """Raised by the connector once a connection is ready for HTTP/2 (never leaves capture)."""
+    """Raised by the connector once a connection is ready for HTTP/2 (never leaves capture).
+
+    When the dialling request could be opened on it before the raise (``RequestState.h2_open``),
+    ``conn`` and ``stream`` are that connection and the request's stream, already sent.
+    """
 
     def __init__(
         self,
@@ -71,6 +89,8 @@ class HandoffToHTTP2(Exception):
         self.tls = tls
         self.peer = peer
         self.early = early  # (bytes, arrival ns) received before the hand-over
+        self.conn: H2Connection | None = None
+        self.stream: H2Stream | None = None
 
 
 class HTTP2Refused(Exception):
@@ -127,14 +147,32 @@ class _GoAwayFilter:
         return bytes(out), goaways
 
 
-class _Stream:
-    __slots__ = ("consumer", "done", "ended", "flow_wait_ns", "last_write_ns", "read_ns", "state")
+class H2Stream:
+    """One request stream: opened (HEADERS sent) by ``open_stream``, then ``run_stream``."""
 
-    def __init__(self, state: RequestState, loop: asyncio.AbstractEventLoop) -> None:
+    __slots__ = (
+        "body",
+        "consumer",
+        "done",
+        "ended",
+        "flow_wait_ns",
+        "last_write_ns",
+        "read_ns",
+        "running",
+        "state",
+        "stream_id",
+    )
+
+    def __init__(
+        self, state: RequestState, loop: asyncio.AbstractEventLoop, stream_id: int
+    ) -> None:
         self.state = state
+        self.stream_id = stream_id
+        self.body = memoryview(b"")  # request body bytes not sent yet
         self.consumer: ResponseConsumer | None = None
         self.done: asyncio.Future[None] = loop.create_future()
         self.ended = False
+        self.running = False
         self.last_write_ns = 0
         self.flow_wait_ns = 0
         self.read_ns = 0  # userspace instant of the last read noted on this stream
@@ -143,6 +181,15 @@ class _Stream:
         self.ended = True
         if not self.done.done():
             self.done.set_result(None)
+
+
+def _request_fields(
+    method: str, target: tuple[str, str, str], headers: Sequence[tuple[str, str]]
+) -> list[tuple[str, str]]:
+    scheme, authority, path = target
+    pseudo = [(":method", method), (":scheme", scheme), (":authority", authority), (":path", path)]
+    lowered = ((k.lower(), v) for k, v in headers)
+    return pseudo + [(k, v) for k, v in lowered if k not in _HOP_BY_HOP]
 
 
 class H2Connection(asyncio.Protocol):
@@ -164,12 +211,13 @@ class H2Connection(asyncio.Protocol):
         self._h2 = h2.connection.H2Connection(
             config=h2.config.H2Configuration(client_side=True, header_encoding=None)
         )
-        self._streams: dict[int, _Stream] = {}
+        self._streams: dict[int, H2Stream] = {}
         self._goaways = _GoAwayFilter()
         self._slot_waiters: deque[asyncio.Future[None]] = deque()
         self._window_waiters: list[asyncio.Future[None]] = []
         self._settings: asyncio.Future[None] = self._loop.create_future()
         self._setup_state: RequestState | None = None
+        self._preface_queued = False
         self._preface_ns = 0
         self._settle_timeout = settle_timeout
         self._settle_timer: asyncio.TimerHandle | None = None
@@ -183,17 +231,29 @@ class H2Connection(asyncio.Protocol):
         transport.set_write_buffer_limits(high=1, low=0)  # resume_writing = backlog drained
 
     # -- setup --
-    def start(self, state: RequestState, early: Sequence[tuple[bytes, int]] = ()) -> None:
-        """Write the client preface and SETTINGS; ``state`` gets the ``h2_setup`` stage."""
+    def start(self, state: RequestState) -> None:
+        """Queue the client preface and SETTINGS; ``state`` gets ``h2_setup`` from when they
+        are written: with the first stream's HEADERS (one write) or by :meth:`resume`."""
         self._setup_state = state
         self._h2.initiate_connection()
-        self._preface_ns = now_ns()
-        state.begin("h2_setup", self._preface_ns)
+        self._preface_queued = True
         self._settle_timer = self._loop.call_later(self._settle_timeout, self._never_settled)
+
+    def resume(self, early: Sequence[tuple[bytes, int]] = ()) -> None:
+        """Write what is queued, take the bytes that came before the hand-over, read on."""
+        self._preface_written(now_ns())
         self._flush()
         for data, t in early:  # the server's SETTINGS may have come with the handshake
             self._receive(data, t)
         self.transport.resume_reading()
+
+    def _preface_written(self, t: int) -> None:
+        """The preface goes out in the write about to happen: ``h2_setup`` starts."""
+        if self._preface_queued:
+            self._preface_queued = False
+            self._preface_ns = t
+            if self._setup_state is not None:
+                self._setup_state.begin("h2_setup", t)
 
     async def ready(self) -> None:
         """Wait until the server's SETTINGS arrived (max concurrent streams known)."""
@@ -234,58 +294,87 @@ class H2Connection(asyncio.Protocol):
         body: bytes,
     ) -> None:
         """Run one request stream to its end; marks go to ``state``'s recorder."""
-        stream = _Stream(state, self._loop)
-        stream_id = self._h2.get_next_available_stream_id()
-        self._streams[stream_id] = stream
-        try:
-            await self._send(stream_id, stream, method, target, headers, body)
-            if state.recorder.is_open("send"):  # every byte is out: the request is sent
-                state.end("send", stream.last_write_ns or now_ns(), **_flow(stream))
-            await stream.done
-        except BaseException:
-            self._cancel(stream_id)
-            raise
-        finally:
-            self._streams.pop(stream_id, None)
-            self.requests_served += 1
-            self._wake_slot()
-            self._close_if_drained()
+        await self.run_stream(self.open_stream(state, method, target, headers, body))
 
-    async def _send(
+    def open_stream(
         self,
-        stream_id: int,
-        stream: _Stream,
+        state: RequestState,
         method: str,
         target: tuple[str, str, str],
         headers: Sequence[tuple[str, str]],
         body: bytes,
-    ) -> None:
-        scheme, authority, path = target
-        pseudo = [
-            (":method", method),
-            (":scheme", scheme),
-            (":authority", authority),
-            (":path", path),
-        ]
-        fields = pseudo + [(k.lower(), v) for k, v in headers if k.lower() not in _HOP_BY_HOP]
-        stream.state.begin("send", now_ns())
-        self._h2.send_headers(stream_id, fields, end_stream=not body)
-        self._flush(stream)
-        view = memoryview(body)
-        while view and not stream.ended:
-            window = min(
-                self._h2.local_flow_control_window(stream_id), self._h2.max_outbound_frame_size
+    ) -> H2Stream:
+        """Open a stream and write its HEADERS and what the window takes of its body, now.
+
+        A preface still queued goes in the same write. :meth:`run_stream` does the rest.
+        """
+        stream = H2Stream(state, self._loop, self._h2.get_next_available_stream_id())
+        self._streams[stream.stream_id] = stream
+        try:
+            fields = _request_fields(method, target, headers)
+            t = now_ns()
+            self._preface_written(t)
+            state.begin("send", t)
+            self._h2.send_headers(stream.stream_id, fields, end_stream=not body)
+            stream.body = memoryview(body)
+            self._send_window(stream)
+            self._flush(stream)
+        except BaseException:
+            self._drop(stream)
+            raise
+        return stream
+
+    async def run_stream(self, stream: H2Stream) -> None:
+        """Send the rest of an opened stream's body and wait until its response ends."""
+        stream.running = True
+        state = stream.state
+        try:
+            await self._send_rest(stream)
+            if state.recorder.is_open("send"):  # every byte is out: the request is sent
+                state.end("send", stream.last_write_ns or now_ns(), **_flow(stream))
+            await stream.done
+        except BaseException:
+            self._cancel(stream.stream_id)
+            raise
+        finally:
+            self._drop(stream)
+
+    def abandon(self, stream: H2Stream) -> None:
+        """An opened stream whose :meth:`run_stream` never ran (its caller was cancelled)."""
+        if not stream.running and self._streams.get(stream.stream_id) is stream:
+            self._cancel(stream.stream_id)
+            self._drop(stream)
+
+    def _drop(self, stream: H2Stream) -> None:
+        if self._streams.pop(stream.stream_id, None) is not None:
+            self.requests_served += 1
+            self._wake_slot()
+            self._close_if_drained()
+
+    def _send_window(self, stream: H2Stream) -> None:
+        """Queue DATA frames of the body while the flow-control window has room."""
+        while stream.body and not stream.ended:
+            room = min(
+                self._h2.local_flow_control_window(stream.stream_id),
+                self._h2.max_outbound_frame_size,
             )
-            if window <= 0:
+            if room <= 0:
+                return
+            chunk, stream.body = stream.body[:room], stream.body[room:]
+            self._h2.send_data(stream.stream_id, bytes(chunk), end_stream=not stream.body)
+
+    async def _send_rest(self, stream: H2Stream) -> None:
+        """The body left after :meth:`open_stream`, as windows open and our buffer drains."""
+        while stream.body and not stream.ended:
+            shut = self._h2.local_flow_control_window(stream.stream_id) <= 0
+            if shut or self.backlog:
                 blocked = now_ns()
                 await self._wait_for_room()
-                stream.flow_wait_ns += now_ns() - blocked
+                if shut:  # time the peer's flow control held us, not our own send buffer
+                    stream.flow_wait_ns += now_ns() - blocked
                 continue
-            chunk, view = view[:window], view[window:]
-            self._h2.send_data(stream_id, bytes(chunk), end_stream=not view)
+            self._send_window(stream)
             self._flush(stream)
-            if self.backlog:
-                await self._wait_for_room()
 
     def _cancel(self, stream_id: int) -> None:
         stream = self._streams.get(stream_id)
@@ -297,7 +386,7 @@ class H2Connection(asyncio.Protocol):
                 pass
 
     # -- writing --
-    def _flush(self, stream: _Stream | None = None) -> None:
+    def _flush(self, stream: H2Stream | None = None) -> None:
         data = self._h2.data_to_send()
         if data and not self.transport.is_closing():
             self.transport.write(data)
@@ -355,7 +444,7 @@ class H2Connection(asyncio.Protocol):
         finally:
             self._read_user_ns = 0
 
-    def _note_read(self, stream: _Stream, t: int) -> None:
+    def _note_read(self, stream: H2Stream, t: int) -> None:
         """The stream got bytes from the read being processed: its lag is noted once per read."""
         wire, user = self._wire, self._read_user_ns
         if wire is not None and user and stream.read_ns != user:
@@ -539,7 +628,7 @@ class _BadResponse(Exception):
     """A response a stream cannot carry (its ``:status`` is not a status code)."""
 
 
-def _flow(stream: _Stream) -> Mapping[str, float]:
+def _flow(stream: H2Stream) -> Mapping[str, float]:
     return {"flow_control_wait_ms": stream.flow_wait_ns / 1e6} if stream.flow_wait_ns else {}
 
 

@@ -96,6 +96,11 @@ class _Conn(asyncio.Protocol):
         }
         self.h2.local_settings = h2.settings.Settings(client=False, initial_values=limit)
         self.h2.initiate_connection()
+        if self.server.initial_window_size is not None:
+            # a second SETTINGS frame: h2 enforces it only once the client acknowledged it,
+            # as RFC 9113 §6.9.2 requires (the first frame's values apply at once)
+            window = self.server.initial_window_size
+            self.h2.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: window})
         self.flush()
 
     def connection_lost(self, exc: BaseException | None) -> None:
@@ -308,6 +313,7 @@ class H2LLMServer(Service):
         ssl: a server context (ALPN ``h2`` is set on it); None serves prior-knowledge h2c.
         max_concurrent_streams: announced in SETTINGS; streams beyond it are refused by h2.
         send_settings: False: never send SETTINGS (nor anything else) on any connection.
+        initial_window_size: announced in SETTINGS (None: the protocol's 65,535 bytes).
         host, port: loopback address and port (0: any free port).
         **knobs: the default :class:`Behavior` (``header_delay``, ``prefill``, ``decode``, ...).
 
@@ -322,6 +328,7 @@ class H2LLMServer(Service):
         ssl: ssl_module.SSLContext | None = None,
         max_concurrent_streams: int = 100,
         send_settings: bool = True,
+        initial_window_size: int | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
         **knobs: Any,
@@ -332,6 +339,7 @@ class H2LLMServer(Service):
             ssl.set_alpn_protocols(["h2"])
         self.max_concurrent_streams = max_concurrent_streams
         self.send_settings = send_settings
+        self.initial_window_size = initial_window_size
         self._host, self._port = check_loopback(host), port
         self.records: list[H2StreamRecord] = []
         self.connections = 0
