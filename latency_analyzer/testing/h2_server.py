@@ -38,6 +38,7 @@ import h2.exceptions
 import h2.settings
 import hyperframe.frame
 
+from ._priority import realtime
 from ._timing import Service, check_loopback, deadline_after, sleep_until
 from .llm_server import Behavior, token_text
 
@@ -423,6 +424,7 @@ class SubprocessH2LLMServer:
 def _child() -> None:
     """Child-process entry: serve until stdin closes; print the port first."""
     config = json.loads(sys.argv[1])
+    realtime()  # ground truth that host load cannot delay, where the OS allows it
 
     async def serve() -> None:
         context = None
