@@ -523,3 +523,19 @@ def test_url_userinfo_is_not_recorded(capsys: pytest.CaptureFixture[str]) -> Non
     out, err = capsys.readouterr()
     _assert_no_secret(out + err)
     assert _one_json(out)["url"] == f"{base}{CHAT}"
+
+
+def test_probe_count_diagnose_of_a_refused_connection_says_it_failed(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    url = f"http://127.0.0.1:{_closed_port()}/"
+    assert main(["probe", url, "--count", "2", "--diagnose"]) == 1
+    out = capsys.readouterr().out
+    assert "the request failed (connect)" in out and "what-if" not in out
+    assert main(["probe", url, "--count", "2", "--diagnose", "--json"]) == 1
+    obj = json.loads(capsys.readouterr().out)
+    assert [r["error_type"] for r in obj["requests"]] == ["connect", "connect"]
+    assert obj["cold"]["findings"] == [] and obj["warm"] is None
+    assert obj["server_alpn"] is None  # nothing is negotiated over http://
+    assert main(["probe", url, "--count", "0"]) == 2
+    assert "--count must be at least 1" in capsys.readouterr().err
