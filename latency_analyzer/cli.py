@@ -43,7 +43,11 @@ def _body(spec: str | None) -> tuple[Any, str | None]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="latency-analyzer", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="latency-analyzer",
+        description="Say where every millisecond of a request went: probe and diagnose a URL, "
+        "run load, compare, diagnose, export and report runs, or watch the demo.",
+    )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("probe", help="time one request and show where its time went")

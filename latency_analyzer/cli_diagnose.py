@@ -124,8 +124,11 @@ def probe_many(args: argparse.Namespace, request: dict[str, Any]) -> int:
     if cold_dx is not None:
         said = alpn if alpn is not None else f"unknown ({alpn_error})" if alpn_error else "none"
         print(f"\n== diagnosis of the cold request (server's ALPN choice: {said})")
-        print(format_findings(cold_dx[0]))
-        print(cold_dx[1])
+        if cold.ok:
+            print(format_findings(cold_dx[0]))
+            print(cold_dx[1])
+        else:  # its error_type says what broke; the rules read successful requests only
+            print(f"the request failed ({cold.error_type}): see its error above")
     if warm_dx is not None:
         print(f"\n== diagnosis of the {len(ok_warm)} warm requests")
         print(format_findings(warm_dx[0]))

@@ -166,7 +166,7 @@ def _num(x: float) -> str:
     """Fixed notation with three significant digits' worth of decimals, never ``e+03``."""
     if math.isnan(x):
         return "n/a"
-    size = abs(x)
+    size = abs(float(f"{x:.3g}"))  # 99.9999 is printed as 100, like 100.0001
     decimals = 0 if size >= 100 else 1 if size >= 10 else 2 if size >= 1 else 3
     return f"{x:.{decimals}f}"
 

@@ -375,6 +375,9 @@ async def sweep(
 ) -> list[RunResult]:
     """One run per concurrency (closed loop) or rate (open loop) level, tagged ``step`` 0, 1 …
 
+    A coroutine: ``results = await sweep(sc, rate=[5, 10, 20])``, or
+    ``asyncio.run(sweep(...))`` from synchronous code.
+
     With ``path``, step i streams to ``<stem>.step<i><suffix>``; ``WaterfallSet.merge`` of the
     results' sets gives one set, and ``group_by("step")`` splits it again.
 

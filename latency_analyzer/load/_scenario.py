@@ -31,7 +31,7 @@ if sys.version_info >= (3, 11):
 else:  # Python 3.10: the same parser from PyPI
     import tomli as tomllib
 
-__all__ = ["Scenario", "Template", "load_scenario"]
+__all__ = ["Scenario", "Template", "load_scenario", "scenario_preset"]
 
 _MODES = ("closed", "open")
 _APIS = ("chat", "completions")
@@ -331,3 +331,14 @@ def _from_table(
             raise UsageError(f"key 'preset': expected a string, got {_kind(preset)}")
         return preset_scenario(preset, **data), dict(sweep)
     return Scenario.from_dict(data), dict(sweep)
+
+
+def scenario_preset(path: str | Path) -> str | None:
+    """The ``preset = "NAME"`` of a scenario file, or None (no preset, or not readable TOML:
+    :func:`load_scenario` says what is wrong with it)."""
+    try:
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError):
+        return None
+    preset = data.get("preset")
+    return preset if isinstance(preset, str) else None

@@ -21,7 +21,7 @@ from ..metrics import Scraper, Target, summary_text
 from ._presets import PRESETS, length_buckets, preset_scenario, run_fault_injection
 from ._progress import ProgressLine
 from ._runner import Progress, RunResult, run
-from ._scenario import Scenario, load_scenario
+from ._scenario import Scenario, load_scenario, scenario_preset
 from .distributed import auto_workers, run_ray_sync, run_workers_sync
 
 __all__ = ["add_compare_parser", "add_run_parser", "cmd_compare", "cmd_run"]
@@ -132,10 +132,11 @@ def _progress(sc: Scenario) -> tuple[Progress | None, Callable[[], None]]:
 def cmd_run(args: argparse.Namespace) -> int:
     """Run, write the set to ``--out``, print the summary (exit 1 if any request failed)."""
     sc = _scenario(args)
+    preset = args.preset or _file_preset(args.scenario)
     update, stop = _progress(sc)
     extra: dict[str, Any] = {}
     try:
-        if args.preset == "fault_injection":
+        if preset == "fault_injection":
             fr = asyncio.run(
                 run_fault_injection(
                     sc,
@@ -156,13 +157,18 @@ def cmd_run(args: argparse.Namespace) -> int:
             result = asyncio.run(run(sc, path=args.out, progress=update, scraper=_scraper(args)))
     finally:
         stop()
-    if args.preset == "long_tail":
+    if preset == "long_tail":
         extra["length_buckets"] = {
             k: {**v, "ttft_p99": v["ttft_p99"].value, "e2e_p99": v["e2e_p99"].value}
             for k, v in length_buckets(result.set).items()
         }
     _print_run(result, args, extra)
     return 0 if result.set.counts()["errors"] == 0 else 1
+
+
+def _file_preset(path: str | None) -> str | None:
+    """The ``preset = "NAME"`` of a scenario file (it decides how the run is driven)."""
+    return None if not path else scenario_preset(path)
 
 
 def _scraper(args: argparse.Namespace) -> Scraper | None:
