@@ -122,15 +122,18 @@ async def test_dns_stage_matches_the_capture_on_a_quiet_host(dns_port: int) -> N
 
 
 def _burners(cpu: int) -> list[subprocess.Popen[bytes]]:
-    code = f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"
+    """Two processes spinning on ``cpu`` at a higher priority than ours (we run as root): the
+    scheduler lets them keep the CPU when our client wakes, so its reads fall behind."""
+    code = f"import os; os.sched_setaffinity(0, {{{cpu}}}); os.nice(-5)\nwhile True: pass"
     return [subprocess.Popen([sys.executable, "-c", code]) for _ in range(2)]
 
 
 async def test_dns_stage_holds_while_the_client_host_is_busy(dns_port: int) -> None:
     """Two CPU burners share the client's CPU: the kernel-stamped boundaries stay, read lag grows.
 
-    The client and both burners are pinned to one CPU, so the client gets a third of it and its
-    reads fall behind the arrivals; the capture's stamps and the kernel's receive stamps do not.
+    The client and both burners are pinned to one CPU, the burners at a higher priority, so the
+    client gets a small share of it and its reads fall behind the arrivals; the capture's stamps
+    and the kernel's stamps do not move.
     """
     need_tcpdump()
     quiet = _errors(*await _cold_lookups(dns_port, N), dns_port)
@@ -189,10 +192,8 @@ class _Responder:
         self.rcode, self.truncate = rcode, truncate
         self.seen: list[str] = []
         self._stop = threading.Event()
-        self._udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self._udp.bind(("127.0.0.1", 0))
+        self._udp, self._tcp = _udp_and_tcp_on_one_port()
         self.port = int(self._udp.getsockname()[1])
-        self._tcp = socket.create_server(("127.0.0.1", self.port))
         for sock in (self._udp, self._tcp):
             sock.settimeout(0.1)
         self._threads = [
@@ -258,3 +259,15 @@ async def test_where_the_kernel_refuses_stamps_the_lookup_says_userspace(
     assert kernel is not None and kernel.clock_source == "kernel"
     assert user is not None and user.clock_source == "userspace" and user.read_lag_ns == 0
     assert user.answered_ns == user.read_ns  # no kernel instant: the read is the boundary
+
+
+def _udp_and_tcp_on_one_port() -> tuple[socket.socket, socket.socket]:
+    """A free UDP port that is free for TCP too (another test may hold it for TCP)."""
+    for _ in range(20):
+        udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        udp.bind(("127.0.0.1", 0))
+        try:
+            return udp, socket.create_server(("127.0.0.1", udp.getsockname()[1]))
+        except OSError:
+            udp.close()
+    raise OSError("no port free for both UDP and TCP")

@@ -75,12 +75,13 @@ class WireLookup:
     """When one lookup was on the wire (``perf_counter_ns`` clock).
 
     Attributes:
-        first_sent_ns: the first query of the lookup handed to the kernel.
+        first_sent_ns: the first query of the lookup handed to the network device (the
+            kernel's TX stamp), or our instant just before the send where none is reported.
         answered_ns: the kernel's arrival of the last answer the lookup needed (A and AAAA,
             after any retry or TCP fallback); our read instant where unstamped.
         read_ns: when our code read that answer.
-        clock_source: ``"kernel"`` when every needed answer carried a kernel stamp, else
-            ``"userspace"``.
+        clock_source: ``"kernel"`` when the first sends and every needed answer carried kernel
+            stamps, else ``"userspace"``.
         queries: messages sent (retries and TCP fallbacks included).
         transport: ``"udp"``, or ``"tcp"`` when an answer came over TCP.
         read_lag_ns: the largest read − kernel instant over the needed answers (0 unstamped).
@@ -111,6 +112,7 @@ class _Answer:
     rdtype: str
     sent_ns: int
     queries: int
+    sent_kernel: bool = False  # sent_ns is the kernel's (a TX stamp), not ours before the send
     arrival: Arrival | None = None
     stamped: bool = True
     tcp: bool = False
@@ -187,11 +189,12 @@ class DnsResolver(AbstractResolver):
         if not arrived:
             return
         kernel = [(t.user_ns - t.kernel_ns) for a, t in arrived if a.stamped and t.kernel_ns]
+        sent_kernel = all(a.sent_kernel for a in answers)
         self._lookups[host] = WireLookup(
             first_sent_ns=min(a.sent_ns for a in answers),
             answered_ns=max(t.wire_ns for _, t in arrived),
             read_ns=max(t.user_ns for _, t in arrived),
-            clock_source="kernel" if len(kernel) == len(arrived) else "userspace",
+            clock_source="kernel" if sent_kernel and len(kernel) == len(arrived) else "userspace",
             queries=sum(a.queries for a in answers),
             transport="tcp" if any(a.tcp for a in answers) else "udp",
             read_lag_ns=max(kernel, default=0),
@@ -249,15 +252,18 @@ class DnsResolver(AbstractResolver):
             channel = DatagramChannel(server)
         except OSError:
             return None
+        first = answer.queries == 0
         try:
             sent = channel.send(wire)
-            if answer.queries == 0:
+            if first:
                 answer.sent_ns = sent
             answer.queries += 1
             return await asyncio.wait_for(_matching(channel, query, answer), wait)
         except (OSError, TimeoutError, asyncio.TimeoutError):
             return None
         finally:
+            if first and channel.sent_kernel_ns is not None:  # the device's instant, not ours
+                answer.sent_ns, answer.sent_kernel = channel.sent_kernel_ns, True
             channel.close()
 
     async def _tcp(
