@@ -11,7 +11,7 @@ from conftest import assert_exact
 import latency_analyzer as la
 from latency_analyzer.capture._tcpinfo import decode_tcp_info
 from latency_analyzer.report.har import har_entry
-from latency_analyzer.testing import LLMServer
+from latency_analyzer.testing import H2LLMServer, LLMServer, TestCA
 
 
 def _struct(length: int) -> bytes:
@@ -89,3 +89,17 @@ def test_a_waterfall_without_readings_serialises_as_before() -> None:
     wf = la.Waterfall(root=la.Span("request", 0, 10), method="GET", url="http://x/")
     assert "tcp_connect" not in wf.to_dict() and "tcp_end" not in wf.to_dict()
     assert "tcp" not in wf.summary()
+
+
+async def test_http2_streams_read_the_connection_at_their_end(ca: TestCA) -> None:
+    async with H2LLMServer(ssl=ca.server_context()) as server:
+        async with la.Client(server.url, ssl=ca.client_context()) as client:
+            first = await client.request("/health")
+            second = await client.request("/health")  # a stream on the same connection
+    assert first.http_version == second.http_version == "2"
+    assert first.tcp_connect is not None  # the stream that opened the connection
+    for wf in (first, second):
+        assert wf.ok and wf.tcp_end is not None and wf.tcp_end.total_retrans == 0
+        assert_exact(wf)
+    assert first.tcp_end is not None and second.tcp_end is not None
+    assert second.tcp_end.at_ns > first.tcp_end.at_ns
