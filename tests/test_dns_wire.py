@@ -181,15 +181,29 @@ async def test_a_truncated_answer_is_asked_again_over_tcp() -> None:
     assert lookup.clock_source == "kernel"
 
 
+async def test_a_lost_query_is_resent_and_the_stage_spans_the_wait() -> None:
+    with _Responder(drop=1) as responder:
+        resolver = DnsResolver(f"127.0.0.1:{responder.port}", timeout=3.0)
+        results = await resolver.resolve("lossy.test", 0, socket.AF_INET)
+        lookup = resolver.wire_lookup("lossy.test", 0)
+    assert [r["host"] for r in results] == ["10.1.2.3"]
+    assert responder.seen == ["dropped", "udp"]
+    assert lookup is not None and lookup.queries == 2 and lookup.transport == "udp"
+    # from the lost query on the wire to the answer to its resend: the 1 s resend timer inside
+    waited = lookup.answered_ns - lookup.first_sent_ns
+    assert 1.0e9 <= waited < 1.2e9, waited
+
+
 class _Responder:
     """Answers A queries on UDP and TCP (one port) from threads of this process.
 
     ``rcode``: every answer carries it; ``truncate``: UDP answers are empty with TC set, so the
-    resolver must ask again over TCP, which answers 10.1.2.3.
+    resolver must ask again over TCP, which answers 10.1.2.3; ``drop``: that many UDP queries
+    are ignored first, as if lost.
     """
 
-    def __init__(self, rcode: str = "NOERROR", truncate: bool = False) -> None:
-        self.rcode, self.truncate = rcode, truncate
+    def __init__(self, rcode: str = "NOERROR", truncate: bool = False, drop: int = 0) -> None:
+        self.rcode, self.truncate, self.drop = rcode, truncate, drop
         self.seen: list[str] = []
         self._stop = threading.Event()
         self._udp, self._tcp = _udp_and_tcp_on_one_port()
@@ -218,6 +232,10 @@ class _Responder:
             try:
                 data, addr = self._udp.recvfrom(4096)
             except TimeoutError:
+                continue
+            if self.drop > 0:
+                self.drop -= 1
+                self.seen.append("dropped")
                 continue
             self._udp.sendto(self._reply(data, "udp"), addr)
 
