@@ -11,6 +11,7 @@ from conftest import assert_exact
 import latency_analyzer as la
 from latency_analyzer.capture._tcpinfo import decode_tcp_info
 from latency_analyzer.report.har import har_entry
+from latency_analyzer.report.tabular import TCP_COLUMNS, to_csv
 from latency_analyzer.testing import H2LLMServer, LLMServer, TestCA
 
 
@@ -77,6 +78,10 @@ async def test_a_request_carries_the_connection_readings_into_its_exports() -> N
     assert first.tcp_connect.segs_out is not None and first.tcp_end.segs_out is not None
     assert first.tcp_end.segs_out > first.tcp_connect.segs_out
     assert second.tcp_end is not None and second.tcp_end.at_ns > first.tcp_end.at_ns
+    header, row = to_csv([first, second]).splitlines()[1:3]
+    assert header.endswith(",".join(TCP_COLUMNS))
+    assert row.endswith(f"{first.tcp_end.rtt_us / 1e3},{first.tcp_end.min_rtt_us / 1e3},0,0,"
+                        f"{first.tcp_end.snd_cwnd}")  # fmt: skip
     har = har_entry(second)["_latency_analyzer"]
     assert har["tcp_end"]["rtt_us"] == second.tcp_end.rtt_us
     assert second.summary()["tcp"] == pytest.approx(
