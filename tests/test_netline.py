@@ -2,8 +2,8 @@
 
 The line holds every packet for a set time in each direction, so the kernels on both sides see a
 long path: TCP's own RTT estimate, the connect handshake and the TLS round trips must all show
-it. Truth is the line's own account of the hold each packet had (it runs under SCHED_FIFO, so
-the host's load does not move it) and the injected figures.
+it. Truth is the injected figure and the line's own account of the hold each packet had (it
+runs under SCHED_FIFO where allowed, so the host's load does not move it).
 """
 
 from __future__ import annotations
@@ -106,11 +106,10 @@ def test_an_injected_round_trip_shows_in_tcp_info_connect_and_tls(
 ) -> None:
     _need_line()
     wfs, line = _across_line(tmp_path, server_pem, loss=0.0, requests=3, body=100)
-    assert line["realtime"] is True  # the line's holds are not the host's scheduling noise
     holds = line["hold_median_ns"]
     assert isinstance(holds, dict)
     held = (holds["c2s"] + holds["s2c"]) / 1e9  # the round trip the packets really had
-    assert abs(held - RTT) <= 0.05 * RTT
+    assert abs(held - RTT) <= 0.05 * RTT, line  # (SCHED_FIFO keeps it tight: line["realtime"])
     tcp = [wf.tcp_end for wf in wfs if wf.tcp_end is not None]
     # the kernel's own RTT estimate is the injected one
     assert abs(statistics.median(t.rtt_us for t in tcp) / 1e6 - RTT) <= 0.10 * RTT
