@@ -309,6 +309,7 @@ class Client:
                 await asyncio.wait_for(conn.run_stream(opened), _left(deadline))
             finally:
                 conn.abandon(opened)  # nothing left to do unless run_stream never started
+            rec.tcp_end = tcp_info_of(conn.transport)
             return
         if not rec.is_open("pool_wait"):
             state.begin("pool_wait", now_ns())
