@@ -110,7 +110,8 @@ def _progress() -> tuple[Progress | None, Callable[[], None]]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """Run, write the set to ``--out``, print the summary (exit 1 if any request failed)."""
+    """Run, write the set to ``--out``, print the summary (exit 1 if any request failed;
+    130 on Ctrl-C, after the requests in flight are stored as cancelled)."""
     sc = _scenario(args)
     update, stop = _progress()
     extra: dict[str, Any] = {}
@@ -133,6 +134,14 @@ def cmd_run(args: argparse.Namespace) -> int:
             result = run_ray_sync(sc, workers=args.workers, path=args.out, address=address)
         else:
             result = asyncio.run(run(sc, path=args.out, progress=update, scraper=_scraper(args)))
+    except KeyboardInterrupt:  # asyncio.run cancelled the run, which stored and noted it
+        stop()
+        print(
+            f"latency-analyzer: interrupted; requests in flight were recorded as cancelled "
+            f"and the run file {args.out} says so",
+            file=sys.stderr,
+        )
+        return 130
     finally:
         stop()
     if args.preset == "long_tail":
