@@ -34,6 +34,7 @@ from ..analysis import Summary, Tags, WaterfallSet, fingerprint
 from ..capture.client import Client, redact_url
 from ..errors import UsageError
 from ..metrics import MetricSeries, Scraper
+from ..server.store import SpanStore
 from ..timeline import Recorder, Waterfall
 from ._dists import arrival_gaps
 from ._monitor import ClientHealth, LoopMonitor, Pacer
@@ -79,6 +80,7 @@ class RunResult:
     notes: list[str] = field(default_factory=list)
     metrics: MetricSeries | None = None  # server metrics scraped during the run, if any
     interrupted: bool = False  # cancelled (Ctrl-C): in-flight requests stored as cancelled
+    spans_dropped: int | None = None  # server spans the run's span store evicted or refused
 
     def summary(self, **kwargs: Any) -> Summary:
         """The set's summary with this run's notes (saturation, client health) added."""
@@ -99,6 +101,7 @@ class RunResult:
             "client": self.client.to_dict(),
             "notes": self.notes,
             "interrupted": self.interrupted,
+            "spans_dropped": self.spans_dropped,
         }
 
 
@@ -299,6 +302,7 @@ async def run(
     backend: str = "local",
     workers: int = 1,
     address: str | None = None,
+    spans: SpanStore | None = None,
 ) -> RunResult:
     """Run ``scenario`` and return its set and self-check.
 
@@ -319,9 +323,11 @@ async def run(
         stop: once set, no further request is issued; in-flight ones finish and are stored.
         backend: ``"local"`` (this process) or ``"ray"``: ``workers`` Ray actors share the load
             (``address``: None starts a local Ray, or ``"auto"`` / ``"ray://host:port"``).
+        spans: the span store the run's receivers feed: what it evicts or refuses during the
+            run (over its caps) is the result's ``spans_dropped`` and a summary note.
     """
     if backend == "ray":
-        if hooks or progress or scraper or worker or step or start_ns or on_row or stop:
+        if hooks or progress or scraper or worker or step or start_ns or on_row or stop or spans:
             raise UsageError("backend='ray' takes no hooks/progress/scraper/worker/step/start")
         from ._ray import run_ray
 
@@ -353,6 +359,7 @@ async def run(
     if scraper is not None and started:
         await scraper.start()
     cancelled: asyncio.CancelledError | None = None
+    dropped_before = None if spans is None else spans.dropped
     try:
         async with client, LoopMonitor() as mon:
             r.t0 = time.perf_counter_ns() + _LEAD_NS if start_ns is None else start_ns
@@ -365,6 +372,9 @@ async def run(
                 await _finish_hooks(extra)
         # before close: the result is noted in the file too
         result = _result(r, mon, pacer, interrupted=cancelled is not None)
+        if spans is not None and dropped_before is not None:
+            _spans_dropped(result, spans, spans.dropped - dropped_before)
+        r.ws.note("result", result.to_dict())
     finally:
         if scraper is not None:
             await _stop_scraper(scraper, ws, started)
@@ -405,8 +415,17 @@ def _result(r: _Run, mon: LoopMonitor, pacer: Pacer | None, *, interrupted: bool
     note = health.note()
     if note:
         res.notes.append(note)
-    r.ws.note("result", res.to_dict())
     return res
+
+
+def _spans_dropped(res: RunResult, store: SpanStore, dropped: int) -> None:
+    res.spans_dropped = dropped
+    if dropped:
+        res.notes.append(
+            f"the span store dropped {dropped} server spans (over its caps: {store.max_spans} "
+            f"spans, {store.max_bytes} bytes, {store.max_traces} traces); requests whose "
+            "spans were dropped merge as 'no server data'"
+        )
 
 
 def _http_tls(ws: WaterfallSet) -> None:
