@@ -1,7 +1,9 @@
-"""Developer tasks: ``nox -s tests`` (the README's test command), ``lint``, ``bench``, ``demo``."""
+"""Developer tasks: ``nox -s tests`` (the README's test command), ``lint``, ``bench``, ``demo``,
+``fuzz``."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 
@@ -29,6 +31,17 @@ def lint(session: nox.Session) -> None:
         "ruff", "format", "--check", "latency_analyzer", "tests", "benchmarks", "noxfile.py"
     )
     session.run("mypy", "--strict", "latency_analyzer")
+
+
+@nox.session
+def fuzz(session: nox.Session) -> None:
+    """The parsers fuzzed at length: ``tests/test_fuzz.py`` with ``LATENCY_FUZZ_EXAMPLES``
+    examples per property (default 2000: a few minutes on 2 cores). ``nox -s tests`` runs the
+    same file with 100, derandomized under CI."""
+    session.install(".[test]")
+    examples = os.environ.get("LATENCY_FUZZ_EXAMPLES", "2000")
+    env = {"LATENCY_FUZZ_EXAMPLES": examples, "CI": ""}  # explore afresh, also on CI machines
+    session.run("pytest", "tests/test_fuzz.py", "-q", *session.posargs, env=env)
 
 
 @nox.session
