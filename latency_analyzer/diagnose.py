@@ -64,6 +64,8 @@ class Thresholds:
         itl_jitter_ratio: P95 gap between chunks above this multiple of the median gap.
         itl_min_gaps: fewer gaps than this say nothing about jitter.
         min_requests: set rules about "every request" need at least this many requests.
+        ttfc_gap_s: TTFT (first visible text) later than TTFC (first token chunk, empty text
+            included) by more than this, on average.
     """
 
     min_time_s: float = 0.002
@@ -83,6 +85,7 @@ class Thresholds:
     itl_jitter_ratio: float = 3.0
     itl_min_gaps: int = 8
     min_requests: int = 3
+    ttfc_gap_s: float = 0.005
 
 
 @dataclass(frozen=True)
@@ -141,6 +144,7 @@ class _Req:
     chunk_gaps: tuple[float, ...] = ()
     span_ns: tuple[int, int] = (0, 0)  # (start, end) in epoch ns, to count overlap
     detailed: bool = False  # built from a Waterfall (TLS, ALPN, gaps and origin known)
+    ttfc: float | None = None
 
 
 def _origin(url: str) -> str:
@@ -169,6 +173,7 @@ def _from_waterfall(wf: Waterfall) -> _Req:
         chunk_gaps=wf.chunk_gaps,
         span_ns=(_epoch(wf), _epoch(wf) + wf.e2e_ns),
         detailed=True,
+        ttfc=wf.ttfc,
     )
 
 
@@ -176,7 +181,9 @@ def _from_set(ws: WaterfallSet) -> list[_Req]:
     keep = ws.ok & ~ws.warmup
     names = ws.stages
     cols = {s: ws.column(f"stage:{s}") / 1e9 for s in names}
-    e2e, ttft, tpot = (ws.column(c) / 1e9 for c in ("e2e_ns", "ttft_ns", "tpot_ns"))
+    e2e, ttft, tpot, ttfc = (
+        ws.column(c) / 1e9 for c in ("e2e_ns", "ttft_ns", "tpot_ns", "ttfc_ns")
+    )
     epoch, e2e_ns = ws.column("epoch_ns"), ws.column("e2e_ns")
     reused, versions = ws.column("reused"), ws.labels("http_version")
     out = []
@@ -193,6 +200,7 @@ def _from_set(ws: WaterfallSet) -> list[_Req]:
                 reused=bool(reused[i]),
                 http_version=versions[i],
                 span_ns=(int(epoch[i]), int(epoch[i] + e2e_ns[i])),
+                ttfc=None if ttfc[i] != ttfc[i] else float(ttfc[i]),
             )
         )
     return out
@@ -509,6 +517,33 @@ def _jitter(c: _Context) -> Finding | None:
     )
 
 
+def _ttfc_gap(c: _Context) -> Finding | None:
+    pairs = [(r.ttft, r.ttfc) for r in c.reqs if r.ttft is not None and r.ttfc is not None]
+    if not pairs:
+        return None
+    ttft = statistics.fmean(t for t, _ in pairs)
+    ttfc = statistics.fmean(f for _, f in pairs)
+    gap, at_stake = ttft - ttfc, sum(t - f for t, f in pairs) / c.n
+    if gap <= c.th.ttfc_gap_s or at_stake < c.th.min_time_s:
+        return None
+    later = sum(1 for t, f in pairs if t > f)
+    return Finding(
+        "ttfc_gap",
+        "the first tokens had empty text: TTFT reads later than the server's first token",
+        f"TTFT (first visible text) {_ms(ttft)}, TTFC (first token chunk, empty text included) "
+        f"{_ms(ttfc)}: {_ms(gap)} apart{c.per()}; empty-text tokens came first on {later} of "
+        f"{len(pairs)} requests",
+        "the server streamed tokens whose text is empty (a byte-level tokenizer's partial UTF-8 "
+        "pieces); the server's own TTFT and most benchmark tools count them, the user sees "
+        "nothing until the first visible text",
+        "compare TTFC (Waterfall.ttfc, the ttfc metric) with the server's TTFT and TTFT with "
+        "what users see; a model or tokenizer that emits whole characters closes the gap",
+        at_stake,
+        len(pairs),
+        {"ttft_s": ttft, "ttfc_s": ttfc, "gap_s": gap},
+    )
+
+
 #: Every rule by id, in no particular order (findings are ranked by time at stake).
 RULES: Mapping[str, Rule] = MappingProxyType(
     {
@@ -523,6 +558,7 @@ RULES: Mapping[str, Rule] = MappingProxyType(
         "decode": _decode,
         "network": _network,
         "itl_jitter": _jitter,
+        "ttfc_gap": _ttfc_gap,
     }
 )
 

@@ -135,6 +135,8 @@ class ResponseConsumer:
                     is_reasoning = bool(ev.reasoning) and not ev.content
                     known = self._tokens.delta(ev.completion_tokens) if per_chunk_usage else None
                     rec.chunk(ev.time_ns, weight, known, is_reasoning)
+                elif ev.empty_token:
+                    rec.empty_chunk(ev.time_ns)
             elif isinstance(ev, UsageReceived):
                 rec.usage(ev.prompt_tokens, ev.completion_tokens)
             elif isinstance(ev, ErrorReceived):

@@ -67,6 +67,9 @@ class ChunkReceived:
         finish_reason: the first non-null ``finish_reason`` among the choices.
         completion_tokens: ``usage.completion_tokens`` when the chunk carries usage beside its
             choices (vLLM ``continuous_usage_stats``; a non-streaming body), else None.
+        empty_token: no text, but a choice holds a ``content``/``text`` string outside a role
+            announcement: a token whose text is empty (a byte-level model's partial UTF-8
+            piece). vLLM's opening ``{"role": "assistant", "content": ""}`` is not one.
     """
 
     time_ns: int
@@ -74,6 +77,7 @@ class ChunkReceived:
     reasoning: str
     finish_reason: str | None
     completion_tokens: int | None
+    empty_token: bool = False
 
     @property
     def carries_token(self) -> bool:
@@ -275,7 +279,8 @@ def _append_chunk(obj: dict[str, Any], time_ns: int, events: list[Event]) -> Non
     if isinstance(choices, list) and choices:
         content, reasoning, finish = _read_choices(choices)
         completion = _int_or_none(usage.get("completion_tokens")) if usage else None
-        events.append(ChunkReceived(time_ns, content, reasoning, finish, completion))
+        empty = not content and not reasoning and _empty_token(choices)
+        events.append(ChunkReceived(time_ns, content, reasoning, finish, completion, empty))
     if usage is not None:
         events.append(
             UsageReceived(
@@ -329,6 +334,21 @@ def _read_choice(choice: Any) -> tuple[str, str, str | None]:
         content += text
     reason = choice.get("finish_reason")
     return content, reasoning, reason if type(reason) is str else None
+
+
+def _empty_token(choices: list[Any]) -> bool:
+    """A choice holds a text field (empty) that is not a role announcement's."""
+    for choice in choices:
+        if not isinstance(choice, dict):
+            continue
+        if isinstance(choice.get("text"), str):
+            return True
+        delta = choice.get("delta")
+        if isinstance(delta, dict) and "role" not in delta:
+            keys = ("content", "reasoning_content", "reasoning")
+            if any(isinstance(delta.get(k), str) for k in keys):
+                return True
+    return False
 
 
 def _str(value: Any) -> str:

@@ -83,6 +83,8 @@ def _root_attributes(wf: Waterfall) -> dict[str, AttrValue]:
     tpot = wf.tpot
     if tpot is not None:
         attrs["latency_analyzer.tpot_ns"] = round(tpot * 1e9)
+    if wf.first_chunk_ns is not None:  # else equal to ttft
+        attrs["latency_analyzer.ttfc_ns"] = wf.ttfc_ns
     return attrs
 
 

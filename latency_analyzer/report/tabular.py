@@ -58,6 +58,7 @@ ROW_COLUMNS = (
     "tls_alpn",
     "tls_session_reused",
     "server_status",
+    "ttfc_ms",
 )
 _STAGE_ORDER = tuple(dict.fromkeys((*CLIENT_STAGES, *SERVER_STAGES, *RESIDUALS)))
 
@@ -125,6 +126,7 @@ def _row(wf: Waterfall) -> dict[str, Any]:
         "tls_alpn": None if tls is None else tls.alpn,
         "tls_session_reused": None if tls is None else tls.session_reused,
         "server_status": wf.attributes.get("server.status"),
+        "ttfc_ms": _ms(wf.ttfc),
     }
     for stage, ns in wf.attribution_ns().items():
         row[f"stage_{stage}_ms"] = round(ns / 1e6, 6)

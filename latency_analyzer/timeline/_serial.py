@@ -61,6 +61,9 @@ _SCALARS = (
     "input_tokens",
 )
 
+#: Written only when set (absent from files of earlier versions).
+_OPTIONAL = ("first_chunk_ns", "last_chunk_ns")
+
 
 def waterfall_to_dict(wf: Waterfall) -> dict[str, Any]:
     """A JSON-ready dict holding everything in ``wf``."""
@@ -72,6 +75,9 @@ def waterfall_to_dict(wf: Waterfall) -> dict[str, Any]:
     out["connection"] = _fields(wf.connection)
     out["anchor"] = None if wf.anchor is None else _fields(wf.anchor)
     out["attributes"] = dict(wf.attributes)
+    for name in _OPTIONAL:
+        if getattr(wf, name) is not None:
+            out[name] = getattr(wf, name)
     return out
 
 
@@ -95,6 +101,7 @@ def waterfall_from_dict(data: Mapping[str, Any]) -> Waterfall:
         anchor=ClockAnchor(**data["anchor"]) if data.get("anchor") else None,
         attributes=data.get("attributes", {}),
         **scalars,
+        **{name: data[name] for name in _OPTIONAL if data.get(name) is not None},
     )
 
 

@@ -54,6 +54,12 @@ class Waterfall:
     ``root`` spans from the request's start (its intended start, in an open-loop run) to its
     end; its children are the client stages. Token arrivals are kept per content-carrying chunk
     (``chunk_times_ns``) with the number of tokens each chunk carried (``chunk_tokens``).
+
+    A server can stream a token whose text is empty (a byte-level tokenizer's partial UTF-8
+    piece): a token to the server, nothing to read for the user. ``first_chunk_ns`` is the
+    first such chunk when it came before the first content-carrying one, ``last_chunk_ns`` the
+    last when it came after the last; None otherwise. ``ttft`` counts visible content,
+    ``ttfc`` the first token chunk of either kind (what a server's own TTFT measures).
     """
 
     root: Span
@@ -74,6 +80,8 @@ class Waterfall:
     connection: ConnectionInfo = field(default_factory=ConnectionInfo)
     anchor: ClockAnchor | None = None
     attributes: Mapping[str, AttrValue] = field(default_factory=dict, hash=False)
+    first_chunk_ns: int | None = None
+    last_chunk_ns: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.attributes, MappingProxyType):
@@ -148,6 +156,27 @@ class Waterfall:
     @property
     def ttft(self) -> float | None:
         return _s(self.ttft_ns)
+
+    @property
+    def first_token_chunk_ns(self) -> int | None:
+        """The first chunk that carried a token, empty text included."""
+        return self.first_token_ns if self.first_chunk_ns is None else self.first_chunk_ns
+
+    @property
+    def last_token_chunk_ns(self) -> int | None:
+        """The last chunk that carried a token, empty text included."""
+        return self.last_token_ns if self.last_chunk_ns is None else self.last_chunk_ns
+
+    @property
+    def ttfc_ns(self) -> int | None:
+        """Time to first token chunk: start to the first chunk that carried a token, empty text
+        included (the server's first token as the client received it); ``<= ttft_ns``."""
+        first = self.first_token_chunk_ns
+        return None if first is None else first - self.start_ns
+
+    @property
+    def ttfc(self) -> float | None:
+        return _s(self.ttfc_ns)
 
     @property
     def ttfrt(self) -> float | None:
@@ -251,6 +280,7 @@ class Waterfall:
             "connection_reused": self.connection.reused,
             "tls": None if self.tls is None else _tls_dict(self.tls),
             "start_epoch_ns": self.start_epoch_ns,
+            "ttfc_s": self.ttfc,
         }
 
     def __repr__(self) -> str:
