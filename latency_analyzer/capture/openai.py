@@ -31,6 +31,7 @@ __all__ = [
     "OpenAIStreamParser",
     "StreamDone",
     "StreamTruncated",
+    "TimingsReceived",
     "UsageReceived",
     "error_message_from_body",
     "parse_openai_body",
@@ -95,6 +96,34 @@ class UsageReceived:
 
 
 @dataclass(frozen=True, slots=True)
+class TimingsReceived:
+    """llama.cpp server's ``timings`` object (on its last chunk, or a whole body): the
+    server's own prompt and generation times in ms, and token counts. Only numeric fields of
+    ``TIMINGS_FIELDS`` are kept."""
+
+    time_ns: int
+    values: dict[str, float]
+
+
+#: The ``timings`` fields kept (llama.cpp server): counts and milliseconds.
+TIMINGS_FIELDS = frozenset(
+    {
+        "cache_n",
+        "prompt_n",
+        "prompt_ms",
+        "prompt_per_token_ms",
+        "prompt_per_second",
+        "predicted_n",
+        "predicted_ms",
+        "predicted_per_token_ms",
+        "predicted_per_second",
+        "draft_n",
+        "draft_n_accepted",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
 class StreamDone:
     """The ``data: [DONE]`` sentinel."""
 
@@ -128,7 +157,13 @@ class StreamTruncated:
 
 
 Event: TypeAlias = (
-    ChunkReceived | UsageReceived | StreamDone | ErrorReceived | MalformedChunk | StreamTruncated
+    ChunkReceived
+    | UsageReceived
+    | StreamDone
+    | ErrorReceived
+    | MalformedChunk
+    | StreamTruncated
+    | TimingsReceived
 )
 
 
@@ -289,6 +324,15 @@ def _append_chunk(obj: dict[str, Any], time_ns: int, events: list[Event]) -> Non
                 completion_tokens=_int_or_none(usage.get("completion_tokens")),
             )
         )
+    timings = obj.get("timings")
+    if isinstance(timings, dict):
+        values = {
+            k: float(v)
+            for k, v in timings.items()
+            if k in TIMINGS_FIELDS and isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
+        if values:
+            events.append(TimingsReceived(time_ns, values))
 
 
 def _read_choices(choices: list[Any]) -> tuple[str, str, str | None]:

@@ -85,6 +85,10 @@ class Behavior:
         empty_tokens, empty_last_tokens: the first / last N tokens are sent with empty text
             (``content: ""`` or ``text: ""``), as a byte-level model streams partial UTF-8
             pieces; each is still its own chunk, stamped in ``RequestRecord.chunk_ns``.
+        timings: end a stream with llama.cpp server's closing chunk (empty delta,
+            ``finish_reason``) carrying its ``timings``: ``prompt_ms`` from the end of the
+            queue to the first token's write, ``predicted_ms`` from the first token's write to
+            the last's (both from ``RequestRecord`` stamps), ``prompt_n``, ``predicted_n``.
         keepalive: if False, every response carries ``Connection: close``.
         fault: one of :data:`FAULTS` or None; see :class:`LLMServer`.
         fault_after: token chunks sent before the fault strikes (stream faults).
@@ -103,6 +107,7 @@ class Behavior:
     reasoning_tokens: int = 0
     empty_tokens: int = 0
     empty_last_tokens: int = 0
+    timings: bool = False
     keepalive: bool = True
     fault: str | None = None
     fault_after: int = 0
@@ -621,8 +626,8 @@ class LLMServer(Service):
             server with one worker and a deterministic service time is an M/D/1 queue.
         header_delay, queue, prefill, decode, tokens, tokens_per_chunk, usage, role_chunk,
             reasoning_tokens, keepalive, fault, fault_after, fault_status, model,
-            empty_tokens, empty_last_tokens: the default :class:`Behavior` (see there for
-            what each knob means).
+            empty_tokens, empty_last_tokens, timings: the default :class:`Behavior` (see
+            there for what each knob means).
 
     Attributes:
         records: one :class:`RequestRecord` per completion request, in completion order.
@@ -659,6 +664,7 @@ class LLMServer(Service):
         server_timing: bool = False,
         empty_tokens: int = 0,
         empty_last_tokens: int = 0,
+        timings: bool = False,
     ) -> None:
         knobs = dict(locals())
         for name in ("self", "ssl", "host", "port", "slots", *_OTEL_OPTIONS):
@@ -982,6 +988,22 @@ async def _stream_fault(ex: _Exchange, resp: web.StreamResponse) -> bool:
     return True
 
 
+def _timings_chunk(ex: _Exchange) -> dict[str, Any]:
+    """llama.cpp server's closing chunk: empty delta, finish reason, ``timings`` (ms)."""
+    chunks = ex.recorder.chunk_ns
+    prefill_start = deadline_after(ex.headers_due, ex.behavior.queue)
+    choice = {"index": 0, "delta": {}, "finish_reason": "length"}
+    final = _chunk_envelope(ex, [choice])
+    final["timings"] = {
+        "cache_n": 0,
+        "prompt_n": ex.recorder.prompt_tokens,
+        "prompt_ms": (chunks[0] - prefill_start) / 1e6,
+        "predicted_n": ex.behavior.tokens,
+        "predicted_ms": (chunks[-1] - chunks[0]) / 1e6,
+    }
+    return final
+
+
 async def _finish_stream(ex: _Exchange, resp: web.StreamResponse) -> None:
     """Send the usage chunk (if asked for) and ``[DONE]``, then end the response."""
     data = _sse("[DONE]")
@@ -989,6 +1011,8 @@ async def _finish_stream(ex: _Exchange, resp: web.StreamResponse) -> None:
         final = _chunk_envelope(ex, [])
         final["usage"] = _usage(ex, ex.behavior.tokens)
         data = _sse(final) + data
+    if ex.behavior.timings and ex.recorder.chunk_ns:
+        data = _sse(_timings_chunk(ex)) + data
     ex.recorder.publish()
     await resp.write_eof(data)
 
