@@ -92,6 +92,8 @@ async def test_ttfc_and_ttft_against_the_servers_log() -> None:
     for wf in wfs:
         ws.add(wf)
     assert ws.column("ttfc_ns").tolist() == [wf.ttfc_ns for wf in wfs]
+    assert "ttfc" in ws.metric_names()  # so in ws.summary() and its exports
+    assert ws.values("ttfc").tolist() == [wf.ttfc for wf in wfs]
     assert "ttfc_gap" in {f.rule for f in diagnose_set(ws)}
 
 
