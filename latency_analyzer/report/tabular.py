@@ -61,6 +61,7 @@ ROW_COLUMNS = (
     "tls_alpn",
     "tls_session_reused",
     "server_status",
+    "ttfc_ms",
 )
 #: The kernel's view of each request's connection at its end (``wf.tcp_end``), after the stages.
 TCP_COLUMNS = ("tcp_rtt_ms", "tcp_min_rtt_ms", "tcp_total_retrans", "tcp_lost", "tcp_snd_cwnd")
@@ -130,6 +131,7 @@ def _row(wf: Waterfall) -> dict[str, Any]:
         "tls_alpn": None if tls is None else tls.alpn,
         "tls_session_reused": None if tls is None else tls.session_reused,
         "server_status": wf.attributes.get("server.status"),
+        "ttfc_ms": _ms(wf.ttfc),
     }
     for stage, ns in wf.attribution_ns().items():
         row[f"stage_{stage}_ms"] = round(ns / 1e6, 6)
