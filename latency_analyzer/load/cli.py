@@ -154,6 +154,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             result = run_ray_sync(sc, workers=workers, path=args.out, address=address)
         elif _local_workers(args, sc) > 1:
             result = run_workers_sync(sc, workers=_local_workers(args, sc), path=args.out)
+            if getattr(result, "interrupted", False):
+                raise KeyboardInterrupt  # reported below, as a run in one process is
         else:
             result = asyncio.run(run(sc, path=args.out, progress=update, scraper=_scraper(args)))
     except KeyboardInterrupt:  # asyncio.run cancelled the run, which stored and noted it
