@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from typing import Any
 
+from .._redact import redact_text
 from ..timeline import AttrValue, Recorder
 
 __all__ = ["CURRENT", "RequestState", "TraceHook", "now_ns"]
@@ -30,7 +31,15 @@ CURRENT: ContextVar[RequestState | None] = ContextVar("latency_analyzer_request"
 class RequestState:
     """The recorder of one request plus the trace hook, as the capture code sees them."""
 
-    __slots__ = ("alpn_settled", "body_end_ns", "h2_mode", "protocol", "recorder", "trace")
+    __slots__ = (
+        "alpn_settled",
+        "body_end_ns",
+        "h2_mode",
+        "location",
+        "protocol",
+        "recorder",
+        "trace",
+    )
 
     def __init__(self, recorder: Recorder, trace: TraceHook | None = None) -> None:
         self.recorder = recorder
@@ -43,6 +52,9 @@ class RequestState:
         self.h2_mode: str | None = None
         # called once the TLS handshake chose HTTP/1.1 for a dial others may be waiting on
         self.alpn_settled: Callable[[], None] | None = None
+        # the response's Location header as sent (it may carry a signed query): followed by
+        # the client when asked, never recorded unredacted
+        self.location: str | None = None
 
     def begin(self, stage: str, t_ns: int, **attrs: AttrValue) -> None:
         self.recorder.begin(stage, t_ns, **attrs)
@@ -57,6 +69,7 @@ class RequestState:
     def fail(self, kind: str, message: str, t_ns: int, *, terminal: bool = True) -> None:
         stages = ("pool_wait", "dns", "connect", "tls", "send")
         open_stages = [s for s in stages if self.recorder.is_open(s)]
+        message = redact_text(message)  # aiohttp quotes the URL; servers echo what they got
         self.recorder.fail(kind, message, t_ns, terminal=terminal)
         if self.trace is not None:
             for stage in open_stages:

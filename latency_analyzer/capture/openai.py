@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
+from latency_analyzer._redact import redact_text
 from latency_analyzer.capture.sse import SSEEvent, SSEParser
 
 __all__ = [
@@ -215,6 +216,9 @@ def error_message_from_body(body: bytes) -> str | None:
     ``{"object": "error", "message": ...}`` (vLLM) and ``{"detail": ...}`` (FastAPI); anything
     else gives the first characters of the body as text, whitespace collapsed.
 
+    Credentials in the body (a server echoing the key it refused) are masked before the text is
+    cut, so no part of one survives.
+
     Returns:
         The message, or None for an empty (or all-whitespace) body.
     """
@@ -223,12 +227,12 @@ def error_message_from_body(body: bytes) -> str | None:
         return None
     try:
         obj: Any = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nesting deeper than the stack
         obj = None
     message = _json_error_message(obj) if isinstance(obj, dict) else None
-    if message is None:
-        message = " ".join(text.split())[:_MAX_TEXT_MESSAGE]
-    return message
+    if message is not None:
+        return redact_text(message)
+    return redact_text(" ".join(text[: _MAX_TEXT_MESSAGE * 8].split()))[:_MAX_TEXT_MESSAGE]
 
 
 def _load_object(raw: str | bytes, time_ns: int, events: list[Event]) -> dict[str, Any] | None:

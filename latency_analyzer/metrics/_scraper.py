@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from ..capture.client import redact_url
+from .._redact import redact_url
 from ..errors import UsageError
 from ._parse import ACCEPT, MetricsParseError, ParsedSample
 from ._series import MetricSeries
