@@ -241,6 +241,8 @@ def _load_object(raw: str | bytes, time_ns: int, events: list[Event]) -> dict[st
         obj: Any = _loads(raw)
     except ValueError as exc:  # JSONDecodeError (both libraries), UnicodeDecodeError for bytes
         reason = f"invalid JSON: {exc}"
+    except RecursionError:  # the standard library's limit; orjson's (1024) is a ValueError
+        reason = "invalid JSON: nested too deeply"
     else:
         if isinstance(obj, dict):
             return obj
@@ -340,6 +342,8 @@ def _str(value: Any) -> str:
 
 
 def _int_or_none(value: Any) -> int | None:
+    if isinstance(value, float) and abs(value) >= 2**63 and value.is_integer():
+        return int(value)  # orjson reads an integer beyond 64 bits as a float; json as an int
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 

@@ -9,6 +9,11 @@ The request path picks the behaviour (the query string is echoed, never interpre
     /sse-echo              200 text/event-stream: one malformed chunk repeating the headers
     /redirect/<code>?to=U  that 3xx status with ``Location: U`` (no ``to``: to itself)
     /unframed-rst          200 with no Content-Length and no chunking, a part body, then RST
+    /nested/<status>?depth=N  that status, a JSON body of N nested arrays
+    /nested-sse?depth=N    200 text/event-stream: one token chunk, then a chunk of N nested
+                           arrays, then [DONE]
+    /claims?completion=C&prompt=P  200 text/event-stream: two one-word token chunks, then a
+                           usage chunk claiming C completion and P prompt tokens
     anything else          200 JSON ``{"headers": {...}, "target": "..."}``
 
 Every request is kept in :attr:`HostileServer.requests` (target and headers, as received), so
@@ -114,6 +119,14 @@ class HostileServer(Service):
             status = int(path.rsplit("/", 1)[-1])
             extra = f"Location: {to}\r\n"
             self._send(writer, status, "text/plain", b"moved", extra)
+        elif path.startswith("/nested"):
+            self._nested(writer, path, _int_arg(target, "depth", 100_000))
+        elif path == "/claims":
+            completion, prompt = _int_arg(target, "completion", 0), _int_arg(target, "prompt", 0)
+            usage = {"completion_tokens": completion, "prompt_tokens": prompt}
+            chunks = [_token_chunk("tok0 "), _token_chunk("tok1 "), {"choices": [], "usage": usage}]
+            body = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks)
+            self._send(writer, 200, "text/event-stream", body + b"data: [DONE]\n\n")
         elif path == "/unframed-rst":
             writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\npart of a body")
             await writer.drain()
@@ -126,6 +139,15 @@ class HostileServer(Service):
         await writer.drain()
         return True
 
+    def _nested(self, writer: asyncio.StreamWriter, path: str, depth: int) -> None:
+        deep = b"[" * depth + b"]" * depth
+        if path == "/nested-sse":
+            first = b"data: " + json.dumps(_token_chunk("tok0 ")).encode() + b"\n\n"
+            body = first + b"data: " + deep + b"\n\ndata: [DONE]\n\n"
+            self._send(writer, 200, "text/event-stream", body)
+        else:
+            self._send(writer, int(path.rsplit("/", 1)[-1]), "application/json", deep)
+
     @staticmethod
     def _send(
         writer: asyncio.StreamWriter, status: int, ctype: str, body: bytes, extra: str = ""
@@ -135,3 +157,15 @@ class HostileServer(Service):
             f"Content-Length: {len(body)}\r\n\r\n"
         )
         writer.write(head.encode("latin-1") + body)
+
+
+def _int_arg(target: str, name: str, default: int) -> int:
+    values = parse_qs(urlsplit(target).query).get(name)
+    return int(values[0]) if values else default
+
+
+def _token_chunk(text: str) -> dict[str, object]:
+    return {
+        "object": "chat.completion.chunk",
+        "choices": [{"index": 0, "delta": {"content": text}}],
+    }
