@@ -5,6 +5,7 @@ pytest report)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import logging
@@ -248,3 +249,16 @@ def test_pytest_report_holds_no_secret(
     text = result.stdout.str() + result.stderr.str()
     assert "requests failed" in text, text  # the report did list the failed request
     assert key not in text
+
+
+async def test_scrape_failures_hold_no_secret() -> None:
+    from latency_analyzer.metrics import Scraper
+
+    key = f"Zz8{secrets.token_urlsafe(12)}"
+    async with HostileServer() as server:
+        target = f"{server.url}/invalid?api_key={key}"
+        async with Scraper(target, interval=0.1) as scraper:
+            await asyncio.sleep(0.15)
+    gaps = scraper.series.gaps
+    assert gaps, "the invalid response was not recorded as a gap"
+    assert _leaks([repr(gaps), repr(scraper.series.targets)], [key]) == []
