@@ -199,12 +199,14 @@ class Client:
         ``perf_counter_ns`` value) is when an open-loop schedule wanted this request to start:
         the delay until now becomes ``schedule_lag``.
         """
-        start = now_ns()
         self._check_usable()
         method = method or ("POST" if json is not None or data is not None else "GET")
         sent = {**self._headers, **(headers or {})}
         hop = Hop(method, self._url(url), json, data, sent)
-        wf, location = await self._hop(hop, timeout, intended_start_ns, start)
+        # echoed back in errors or bodies, these values are masked; noted before the clock
+        # starts, so the bookkeeping is not part of the request's time
+        remember_request(hop.url, sent)
+        wf, location = await self._hop(hop, timeout, intended_start_ns, now_ns())
         before: list[Waterfall] = []
         while self.follow_redirects and (nxt := next_hop(hop, wf.status, location)) is not None:
             before.append(wf)
@@ -212,6 +214,7 @@ class Client:
                 wf = _too_many_redirects(wf, self.max_redirects)
                 break
             hop = nxt
+            remember_request(hop.url, hop.headers)
             wf, location = await self._hop(hop, timeout, None, now_ns())
         return with_chain(wf, before)
 
@@ -220,7 +223,6 @@ class Client:
     ) -> tuple[Waterfall, str | None]:
         """One request: its waterfall and the ``Location`` it answered with, if any."""
         method, full, json, data, sent = hop.method, hop.url, hop.json, hop.data, dict(hop.headers)
-        remember_request(full, sent)  # echoed back in errors or bodies, they are masked
         limit = self.timeout if timeout is None else timeout
         recorder = Recorder(
             method, redact_url(full), start_ns=start, intended_start_ns=intended_start_ns
