@@ -49,6 +49,7 @@ def note_server_headers(state: RequestState, headers: Iterable[tuple[str, str]])
             state.location = value
             attributes["http.location"] = redact_url(value)
         elif key in SERVER_HEADERS:
+            value = redact_text(value)  # a server may echo the request in its timing headers
             previous = attributes.get(f"http.{key}")
             attributes[f"http.{key}"] = f"{previous}, {value}" if previous else value
 

@@ -14,7 +14,8 @@ The request path picks the behaviour (the query string is echoed, never interpre
                            arrays, then [DONE]
     /claims?completion=C&prompt=P  200 text/event-stream: two one-word token chunks, then a
                            usage chunk claiming C completion and P prompt tokens
-    anything else          200 JSON ``{"headers": {...}, "target": "..."}``
+    anything else          200 JSON ``{"headers": {...}, "target": "..."}``, the same echoed
+                           in a ``Server-Timing`` header
 
 Every request is kept in :attr:`HostileServer.requests` (target and headers, as received), so
 a test can check what a client forwarded.
@@ -135,7 +136,8 @@ class HostileServer(Service):
             return False
         else:
             body = json.dumps({"headers": headers, "target": target}).encode()
-            self._send(writer, 200, "application/json", body)
+            timing = f'Server-Timing: echo;desc="{target} {headers}"\r\n'
+            self._send(writer, 200, "application/json", body, timing)
         await writer.drain()
         return True
 
