@@ -189,3 +189,20 @@ def test_a_client_used_on_a_second_loop_is_a_usage_error() -> None:
         finally:
             home.run_until_complete(client.close())
             home.close()
+
+
+def test_cli_follows_redirects_only_with_location_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from latency_analyzer.cli import main
+
+    with HostileServer().run_in_thread() as server:
+        base = server.url
+        url = f"{base}/redirect/302?to=/landed"
+        assert main(["probe", url, "--json"]) == 0
+        assert main(["probe", url, "--json", "-L"]) == 0
+        targets = [r.target for r in server.requests]
+    first, second = (json.loads(line) for line in capsys.readouterr().out.splitlines())
+    assert (first["status"], first["url"]) == (302, url)
+    assert (second["status"], second["url"]) == (200, f"{base}/landed")
+    assert targets == ["/redirect/302?to=/landed", "/redirect/302?to=/landed", "/landed"]
