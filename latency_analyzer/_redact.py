@@ -21,9 +21,11 @@ export passes through this module before anyone sees it. What it removes, in ord
    (:func:`is_secret_name`).
 
 Names: a header or attribute name is secret when it is one of :data:`SECRET_HEADERS` or
-contains ``key``, ``token`` (not the plural ``tokens``: token counts are not secrets),
-``secret``, ``auth``, ``cookie``, ``passw``, ``pwd``, ``signature`` or ``credential``, in any
-case. A query key is secret when it is one of :data:`SECRET_QUERY_KEYS` or its name is secret.
+contains ``key``, ``token``, ``secret``, ``auth``, ``cookie``, ``passw``, ``pwd``,
+``signature`` or ``credential``, in any case. ``token`` is not secret where it names a count
+or a timing: ``tokens``, ``token_count``, ``tokenizer``, ``first_token``, ``per_token`` (and
+``last``/``next``/``output`` before it). A query key is secret when it is one of
+:data:`SECRET_QUERY_KEYS` or its name is secret.
 """
 
 from __future__ import annotations
@@ -88,8 +90,12 @@ SECRET_QUERY_KEYS = frozenset(
     }
 )
 
+# ``token`` names a credential except where it names a count or a timing: ``x-prompt-tokens``,
+# ``llm.token_count.prompt``, ``detokenize``, ``time_to_first_token``, ``x-time-per-token``
 _SECRET_NAME = re.compile(
-    r"key|token(?!s|iz)|secret|auth|cookie|passw|pwd|signature|credential", re.IGNORECASE
+    r"key|secret|auth|cookie|passw|pwd|signature|credential"
+    r"|(?<!first.)(?<!last.)(?<!next.)(?<!per.)(?<!output.)token(?!s|iz|_?count)",
+    re.IGNORECASE,
 )
 
 #: Credential shapes recognised in any text, whatever carried them.

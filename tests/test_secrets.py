@@ -51,6 +51,9 @@ PATHS = ("/echo/401", "/echo/500", "/invalid", "/sse-echo", "/ok")
         "x-goog-api-key",
         "X-Client-Secret",
         "http.authorization",
+        "x-session-token",
+        "accessToken",
+        "refresh_token",
     ],
 )
 def test_secret_header_names(name: str) -> None:
@@ -59,7 +62,18 @@ def test_secret_header_names(name: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["Content-Type", "x-prompt-tokens", "x-generated-tokens", "usage_output_tokens"]
+    "name",
+    [
+        "Content-Type",
+        "x-prompt-tokens",
+        "x-generated-tokens",
+        "x-time-per-token",
+        "usage_output_tokens_claimed",
+        "gen_ai.server.time_to_first_token",
+        "gen_ai.server.time_per_output_token",
+        "llm.token_count.prompt",
+        "detokenize",
+    ],
 )
 def test_token_counts_and_ordinary_headers_are_not_secret(name: str) -> None:
     assert not _redact.is_secret_name(name)
