@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from .._redact import redact_text, redact_url
 from ._state import RequestState
 from .openai import (
     ChunkReceived,
@@ -45,7 +46,11 @@ def note_server_headers(state: RequestState, headers: Iterable[tuple[str, str]])
     attributes = state.recorder.attributes
     for name, value in headers:
         key = name.lower()
-        if key in SERVER_HEADERS:
+        if key == "location":
+            state.location = value
+            attributes["http.location"] = redact_url(value)
+        elif key in SERVER_HEADERS:
+            value = redact_text(value)  # a server may echo the request in its timing headers
             previous = attributes.get(f"http.{key}")
             attributes[f"http.{key}"] = f"{previous}, {value}" if previous else value
 
@@ -153,7 +158,8 @@ class ResponseConsumer:
                 message = f"server error in stream: {ev.message}"
                 state.fail("stream_error", message, ev.time_ns, terminal=False)
             elif isinstance(ev, MalformedChunk):
-                message = f"malformed chunk ({ev.reason}): {ev.raw[:80]!r}"
+                # masked before it is cut, so no part of a key survives the cut
+                message = f"malformed chunk ({ev.reason}): {redact_text(ev.raw[:1024])[:80]!r}"
                 state.fail("malformed_chunk", message, ev.time_ns, terminal=False)
             elif isinstance(ev, StreamTruncated):
                 message = f"stream ended without [DONE] ({ev.reason})"

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from typing import Any
 
+from .._redact import redact_text
 from ..timeline import AttrValue, Recorder
 
 __all__ = ["CURRENT", "RequestState", "TraceHook", "now_ns"]
@@ -35,6 +36,7 @@ class RequestState:
         "body_end_ns",
         "h2_mode",
         "h2_open",
+        "location",
         "protocol",
         "recorder",
         "trace",
@@ -54,6 +56,9 @@ class RequestState:
         # called with the HandoffToHTTP2 before it is raised: opens the connection and sends
         # this request on it at once, instead of after the raise unwound aiohttp's stack
         self.h2_open: Callable[[Any], None] | None = None
+        # the response's Location header as sent (it may carry a signed query): followed by
+        # the client when asked, never recorded unredacted
+        self.location: str | None = None
 
     def begin(self, stage: str, t_ns: int, **attrs: AttrValue) -> None:
         self.recorder.begin(stage, t_ns, **attrs)
@@ -68,6 +73,7 @@ class RequestState:
     def fail(self, kind: str, message: str, t_ns: int, *, terminal: bool = True) -> None:
         stages = ("pool_wait", "dns", "connect", "tls", "send")
         open_stages = [s for s in stages if self.recorder.is_open(s)]
+        message = redact_text(message)  # aiohttp quotes the URL; servers echo what they got
         self.recorder.fail(kind, message, t_ns, terminal=terminal)
         if self.trace is not None:
             for stage in open_stages:

@@ -37,7 +37,7 @@ import socket
 from collections.abc import Callable, Iterator
 from typing import Any, cast
 
-from aiohttp import ClientRequest, ClientTimeout, TCPConnector
+from aiohttp import ClientPayloadError, ClientRequest, ClientTimeout, TCPConnector
 from aiohttp.client_proto import ResponseHandler
 from aiohttp.connector import Connection
 from aiohttp.helpers import is_ip_address
@@ -210,6 +210,15 @@ class TimedProtocol(ResponseHandler):
             self._marks.append((received, t))
         if state.body_end_ns is None and payload.is_eof():
             state.body_end_ns = t
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        # A body without length framing is read until the connection ends, and aiohttp ends it
+        # as complete however the connection went: an RST would record a cut body as a success.
+        payload = self._payload
+        if exc is not None and payload is not None and not payload.is_eof():
+            cut = ClientPayloadError(f"connection lost before the body ended: {exc!r}")
+            payload.set_exception(cut, exc)
+        super().connection_lost(exc)
 
     def arrivals(self, offset: int, data: bytes) -> Iterator[tuple[bytes, int]]:
         """Split body bytes read at ``offset`` into pieces with the time each piece arrived."""

@@ -10,7 +10,7 @@ from ._clock import ClockAnchor, process_anchor
 from ._span import AttrValue, Span
 from ._stages import CLIENT_STAGES, ROOT_NAME
 from ._tcpinfo import TcpInfo
-from ._tokens import distribute_tokens
+from ._tokens import MAX_TOKEN_COUNT, claim_value, distribute_tokens, token_cap
 from ._waterfall import ConnectionInfo, TlsInfo, Waterfall
 
 __all__ = ["Recorder"]
@@ -163,7 +163,9 @@ class Recorder:
     def usage(self, prompt_tokens: int | None, completion_tokens: int | None) -> None:
         """The server's own token counts (OpenAI ``usage``)."""
         if prompt_tokens is not None:
-            self.usage_prompt = prompt_tokens
+            if prompt_tokens > MAX_TOKEN_COUNT:
+                self.attributes["usage_input_tokens_claimed"] = claim_value(prompt_tokens)
+            self.usage_prompt = min(prompt_tokens, MAX_TOKEN_COUNT)
         if completion_tokens is not None:
             self.usage_completion = completion_tokens
 
@@ -299,10 +301,14 @@ class Recorder:
         """Chunk times, tokens per chunk, output tokens and where that count came from."""
         times = tuple(c.time_ns for c in self._chunks)
         if all(c.tokens is not None for c in self._chunks) and self._chunks:
-            known = tuple(c.tokens or 0 for c in self._chunks)
+            known = tuple(min(c.tokens or 0, token_cap(c.weight)) for c in self._chunks)
+            self._note_claim(sum(c.tokens or 0 for c in self._chunks), sum(known))
             return times, known, sum(known), "continuous_usage"
         total = self.usage_completion
         if total is not None:
+            # a server's count sizes lists (itl): at most what the received text can hold
+            room = sum(token_cap(c.weight) for c in self._chunks) if self._chunks else None
+            total = self._note_claim(total, min(total, MAX_TOKEN_COUNT if room is None else room))
             split = distribute_tokens(total, [c.weight for c in self._chunks])
             if split is not None:
                 return times, tuple(split), total, "usage"
@@ -311,3 +317,9 @@ class Recorder:
             self.attributes["usage_mismatch"] = f"usage says {total} tokens in {len(times)} chunks"
         n = len(times)
         return times, (1,) * n, (n if n else None), ("chunks" if n else None)
+
+    def _note_claim(self, claimed: int, capped: int) -> int:
+        """Keep a server's token count that exceeds what arrived, as a claim; return the cap."""
+        if claimed > capped:
+            self.attributes["usage_output_tokens_claimed"] = claim_value(claimed)
+        return capped

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from .._redact import redact_text, redact_url
 from ..errors import RequestError, UsageError
 from ._clock import ClockAnchor
 from ._display import present
@@ -299,11 +300,11 @@ class Waterfall:
             "output_tokens": self.output_tokens,
             "http_version": self.http_version,
             "stages": stages,
-            "error": self.error,
+            "error": None if self.error is None else redact_text(self.error),
             "error_type": self.error_type,
             "status": self.status,
             "method": self.method,
-            "url": self.url,
+            "url": redact_url(self.url),
             "input_tokens": self.input_tokens,
             "output_tokens_source": self.output_tokens_source,
             "ttfrt_s": self.ttfrt,
@@ -325,7 +326,8 @@ class Waterfall:
     def __repr__(self) -> str:
         parts = ", ".join(f"{k}={v * 1e3:.2f}ms" for k, v in self.attribution().items() if v)
         status = f"error={self.error_type!r}" if self.error else f"status={self.status}"
-        return f"<Waterfall {self.method} {self.url} {status} e2e={self.e2e * 1e3:.2f}ms {parts}>"
+        url = redact_url(self.url)
+        return f"<Waterfall {self.method} {url} {status} e2e={self.e2e * 1e3:.2f}ms {parts}>"
 
 
 def _tcp_dict(tcp: TcpInfo) -> dict[str, object]:
