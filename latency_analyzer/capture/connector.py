@@ -6,8 +6,9 @@ Where each instant comes from:
   open one (aiohttp's limit reached: the request queues here).
 * ``dns``: the whole ``_resolve_host`` call of *this* request, so a request that waits on
   another's lookup (aiohttp throttles concurrent lookups) shows the time it really waited.
-* ``connect``: just before the socket's ``connect`` syscall (the SYN leaves inside it) → just
-  after it returned with the handshake done. Sockets come from :func:`_socket_factory`, whose
+* ``connect``: just before the socket's ``connect`` syscall (the SYN leaves inside it) → that
+  instant plus the kernel's handshake RTT (``TCP_INFO``'s first sample is SYN → SYN-ACK), when
+  the call returned with the handshake done. Sockets come from :func:`_socket_factory`, whose
   ``connect`` reports a handshake the kernel finished inside the syscall (loopback, a local
   proxy) at once; a handshake still pending (any real network) ends at the protocol factory
   call, which asyncio makes once the socket is writable and before any TLS byte.
@@ -184,7 +185,9 @@ class TimedProtocol(ResponseHandler):
             state.recorder.read(t, wire.read_user_ns, wire.read_stamped, wire.refused)
         before = self._payload
         super().data_received(data)
-        payload = self._payload
+        # a response that ended in this read on a connection that closes after it has had
+        # its payload dropped already (aiohttp's close()): its last bytes still need a mark
+        payload = self._payload if self._payload is not None else before
         if payload is None:
             return
         if payload is not before and state.recorder.headers_ns is None:
@@ -254,7 +257,8 @@ class _PromptSocket(StampedSocket):
                 raise pending from None
         self.wire.connected_ns = done = now_ns()
         if state is not None and state.recorder.is_open("connect"):
-            state.end("connect", done)
+            rtt = self.handshake_rtt_ns()  # the SYN-ACK's arrival, in the kernel's count
+            state.end("connect", done if rtt is None else min(done, t + rtt))
 
 
 def _sent_ns(wire: WireStamps | None) -> int:
