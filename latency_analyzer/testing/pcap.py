@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import struct
@@ -55,6 +56,12 @@ class Packet:
     flags: int
     seq: int
     payload: bytes
+    length: int = -1
+    """Payload bytes on the wire (more than ``payload`` holds when the snap length cut it)."""
+
+    @property
+    def size(self) -> int:
+        return len(self.payload) if self.length < 0 else self.length
 
     @property
     def syn(self) -> bool:
@@ -105,19 +112,20 @@ def _decode(link: int, frame: bytes, t: int) -> Packet | None:
     if ethertype == 0x0800 and len(ip) >= 20 and ip[9] == 6:
         ihl, total = (ip[0] & 0x0F) * 4, int.from_bytes(ip[2:4], "big")
         src, dst = _ipv4(ip[12:16]), _ipv4(ip[16:20])
-        return _tcp(ip[ihl:total], src, dst, t)
+        return _tcp(ip[ihl:total], total - ihl, src, dst, t)
     if ethertype == 0x86DD and len(ip) >= 40 and ip[6] == 6:  # no extension headers on lo
         length = int.from_bytes(ip[4:6], "big")
-        return _tcp(ip[40 : 40 + length], _ipv6(ip[8:24]), _ipv6(ip[24:40]), t)
+        return _tcp(ip[40 : 40 + length], length, _ipv6(ip[8:24]), _ipv6(ip[24:40]), t)
     return None
 
 
-def _tcp(seg: bytes, src: str, dst: str, t: int) -> Packet | None:
+def _tcp(seg: bytes, wire_len: int, src: str, dst: str, t: int) -> Packet | None:
     if len(seg) < 20:
         return None
     sport, dport, seq = struct.unpack_from(">HHI", seg)
     offset, flags = (seg[12] >> 4) * 4, seg[13]
-    return Packet(t, (src, sport), (dst, dport), flags, seq, bytes(seg[offset:]))
+    payload = bytes(seg[offset:])
+    return Packet(t, (src, sport), (dst, dport), flags, seq, payload, wire_len - offset)
 
 
 def _ipv4(raw: bytes) -> str:
@@ -153,23 +161,27 @@ class Flow:
         isn = next(p.seq for p in self.packets if p.syn and p.src == src)
         seen: dict[int, Packet] = {}
         for p in self.packets:
-            if p.src == src and p.payload:
+            if p.src == src and p.size:
                 seen.setdefault((p.seq - isn - 1) % 2**32, p)
         return [seen[k] for k in sorted(seen)]
 
     def data(self, direction: str) -> bytes:
-        """The bytes sent one way, reassembled (overlaps keep the first copy)."""
+        """The bytes sent one way, reassembled (overlaps keep the first copy; bytes the snap
+        length cut off read as NUL)."""
         out = bytearray()
         for offset, packet in self._offsets(direction):
-            if offset + len(packet.payload) > len(out):
-                out += packet.payload[len(out) - offset :]
+            if offset > len(out):
+                out += bytes(offset - len(out))
+            payload = packet.payload.ljust(packet.size, b"\0")
+            if offset + len(payload) > len(out):
+                out += payload[len(out) - offset :]
         return bytes(out)
 
     def time_of_byte(self, direction: str, offset: int) -> int:
         """When the segment carrying stream byte ``offset`` (0-based) crossed lo."""
         offsets = self._offsets(direction)
         i = bisect_right([o for o, _ in offsets], offset) - 1
-        if i < 0 or offset >= offsets[i][0] + len(offsets[i][1].payload):
+        if i < 0 or offset >= offsets[i][0] + offsets[i][1].size:
             raise ValueError(f"byte {offset} of {direction!r} was not captured")
         return offsets[i][1].time_ns
 
@@ -207,13 +219,21 @@ class PacketCapture:
         port: the server's port (the filter is ``tcp port PORT``).
         interface: ``lo`` unless you capture elsewhere.
         settle_s: how long to wait after the block for the last packets to be written.
+        snaplen: bytes kept of each packet. The capture ring holds buffer / snaplen packets
+            (a 256 KiB snap length on lo's 64 KiB MTU leaves room for few), so keep it to
+            what the test reads.
     """
 
-    def __init__(self, port: int, interface: str = "lo", settle_s: float = 0.05) -> None:
+    def __init__(
+        self, port: int, interface: str = "lo", settle_s: float = 0.05, snaplen: int = 4096
+    ) -> None:
         self.port = port
+        self.snaplen = snaplen
         self.interface = interface
         self.settle_s = settle_s
         self.packets: list[Packet] = []
+        self.dropped: int | None = None
+        """Packets the kernel dropped before tcpdump read them (tcpdump's own count)."""
         self._dir: tempfile.TemporaryDirectory[str] | None = None
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -223,8 +243,8 @@ class PacketCapture:
             raise RuntimeError(reason)
         self._dir = tempfile.TemporaryDirectory(prefix="la-pcap-")
         path = Path(self._dir.name) / "capture.pcap"
-        args = ["tcpdump", "-i", self.interface, "-n", "-U", "--immediate-mode", "-s", "0"]
-        args += ["-B", "16384"]
+        args = ["tcpdump", "-i", self.interface, "-n", "-U", "--immediate-mode"]
+        args += ["-s", str(self.snaplen), "-B", "32768"]
         args += ["-Z", "root", "--time-stamp-precision=nano", "-w", str(path)]
         if "adapter_unsynced" in _stamp_types(self.interface):
             args += ["-j", "adapter_unsynced"]
@@ -269,7 +289,10 @@ class PacketCapture:
             proc.kill()
             proc.wait(10.0)
         if proc.stderr is not None:
+            tail = proc.stderr.read().decode(errors="replace")
             proc.stderr.close()
+            found = re.search(r"(\d+) packets? dropped by kernel", tail)
+            self.dropped = int(found.group(1)) if found else None
 
     def flows(self) -> list[Flow]:
         """Every connection the capture saw open (a SYN from the client), in SYN order."""

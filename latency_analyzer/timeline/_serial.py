@@ -62,7 +62,14 @@ _SCALARS = (
 )
 
 
-_READ_FIELDS = ("clock_source", "read_lag_p50_ns", "read_lag_max_ns", "reads", "multi_event_reads")
+_READ_FIELDS = (
+    "clock_source",
+    "read_lag_p50_ns",
+    "read_lag_max_ns",
+    "reads",
+    "multi_event_reads",
+    "shared_read_chunks",
+)
 
 
 def waterfall_to_dict(wf: Waterfall) -> dict[str, Any]:
@@ -77,7 +84,8 @@ def waterfall_to_dict(wf: Waterfall) -> dict[str, Any]:
     out["attributes"] = dict(wf.attributes)
     for name in _READ_FIELDS:  # written only when reads were recorded
         if wf.reads:
-            out[name] = getattr(wf, name)
+            value = getattr(wf, name)
+            out[name] = list(value) if isinstance(value, tuple) else value
     return out
 
 
@@ -101,8 +109,16 @@ def waterfall_from_dict(data: Mapping[str, Any]) -> Waterfall:
         anchor=ClockAnchor(**data["anchor"]) if data.get("anchor") else None,
         attributes=data.get("attributes", {}),
         **scalars,
-        **{name: data[name] for name in _READ_FIELDS if name in data},
+        **_read_fields(data),
     )
+
+
+def _read_fields(data: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        name: tuple(data[name]) if isinstance(data[name], list) else data[name]
+        for name in _READ_FIELDS
+        if name in data
+    }
 
 
 def _fields(obj: Any) -> dict[str, Any]:
