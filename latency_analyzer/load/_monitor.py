@@ -1,9 +1,12 @@
-"""The client watching itself: pacer lag, event-loop lag, CPU and peak memory.
+"""The client watching itself: pacer lag, event-loop lag, read lag, CPU and peak memory.
 
 A load generator that cannot keep up reports the wrong latency (coordinated omission) or a
 throughput that is its own limit. So a run samples the event loop's lag all along (a task
 that asks to sleep 5 ms and measures how late it wakes), the process's CPU time and its peak
-RSS, and the summary says when the client, not the target, was the bottleneck.
+RSS, and the summary says when the client, not the target, was the bottleneck. The read lag
+is measured, not sampled: every waterfall carries how long after the kernel's receive stamp
+our loop read each response's bytes (its median and worst), and the run reports their P50,
+P99 and max.
 """
 
 from __future__ import annotations
@@ -86,8 +89,10 @@ class LoopMonitor:
             await asyncio.sleep(_TICK_S)
             self.lags_ns.append(max(0, time.perf_counter_ns() - t - tick))
 
-    def health(self, pacer: Pacer | None) -> ClientHealth:
-        return ClientHealth.of(self, pacer)
+    def health(
+        self, pacer: Pacer | None, read_lags_s: tuple[list[float], list[float]] | None = None
+    ) -> ClientHealth:
+        return ClientHealth.of(self, pacer, read_lags_s)
 
 
 def _pcts(ns: list[int]) -> dict[str, float]:
@@ -106,26 +111,45 @@ class ClientHealth:
     pacer_lag: dict[str, float] | None
     cpu: float
     peak_rss_bytes: int
+    read_lag: dict[str, float] | None = None
+    """P50/P99 of the waterfalls' median read lags, and the worst read (seconds)."""
 
     @classmethod
-    def of(cls, mon: LoopMonitor, pacer: Pacer | None) -> ClientHealth:
+    def of(
+        cls,
+        mon: LoopMonitor,
+        pacer: Pacer | None,
+        read_lags_s: tuple[list[float], list[float]] | None = None,
+    ) -> ClientHealth:
+        """``read_lags_s``: the waterfalls' (median, worst) read lags, when they have them."""
         cpu = mon.cpu_s / mon.wall_s if mon.wall_s > 0 else 0.0
         pacer_lag = _pcts(pacer.lags_ns) if pacer is not None else None
-        return cls(_pcts(mon.lags_ns), pacer_lag, cpu, peak_rss_bytes())
+        read_lag = None
+        if read_lags_s is not None and read_lags_s[0]:
+            medians, worst = read_lags_s
+            p50, p99 = np.percentile(np.asarray(medians), [50, 99])
+            read_lag = {"p50_s": float(p50), "p99_s": float(p99), "max_s": float(max(worst))}
+        return cls(_pcts(mon.lags_ns), pacer_lag, cpu, peak_rss_bytes(), read_lag)
 
     @property
     def saturated(self) -> bool:
-        """Loop lag (or pacer lag) P99 beyond :data:`LOOP_LAG_LIMIT_S`."""
-        worst = max(self.loop_lag["p99_s"], (self.pacer_lag or {}).get("p99_s", 0.0))
+        """Loop, pacer or read lag P99 beyond :data:`LOOP_LAG_LIMIT_S`."""
+        worst = max(
+            self.loop_lag["p99_s"],
+            (self.pacer_lag or {}).get("p99_s", 0.0),
+            (self.read_lag or {}).get("p99_s", 0.0),
+        )
         return worst > LOOP_LAG_LIMIT_S
 
     def note(self) -> str | None:
         if not self.saturated:
             return None
         pacer = self.pacer_lag or {}
+        read = self.read_lag or {}
         return (
             f"the CLIENT was saturated: event-loop lag P99 {self.loop_lag['p99_s'] * 1e3:.1f} ms,"
-            f" pacer lag P99 {pacer.get('p99_s', 0.0) * 1e3:.1f} ms, CPU {self.cpu:.0%} of a core"
+            f" pacer lag P99 {pacer.get('p99_s', 0.0) * 1e3:.1f} ms,"
+            f" read lag P99 {read.get('p99_s', 0.0) * 1e3:.1f} ms, CPU {self.cpu:.0%} of a core"
             " — latencies include client delay; use more processes or a lower load"
         )
 
@@ -135,5 +159,6 @@ class ClientHealth:
             "pacer_lag": self.pacer_lag,
             "cpu_cores": self.cpu,
             "peak_rss_bytes": self.peak_rss_bytes,
+            "read_lag": self.read_lag,
             "saturated": self.saturated,
         }

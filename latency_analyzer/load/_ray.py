@@ -544,7 +544,9 @@ def _worst_client(outs: list[dict[str, Any]]) -> ClientHealth:
     if not outs:
         return ClientHealth({"p50_s": 0.0, "p99_s": 0.0, "max_s": 0.0}, None, 0.0, 0)
     c = max((o["result"]["client"] for o in outs), key=lambda c: c["loop_lag"]["p99_s"])
-    return ClientHealth(c["loop_lag"], c["pacer_lag"], c["cpu_cores"], c["peak_rss_bytes"])
+    return ClientHealth(
+        c["loop_lag"], c["pacer_lag"], c["cpu_cores"], c["peak_rss_bytes"], c.get("read_lag")
+    )
 
 
 def _rates(res: DistributedResult) -> None:

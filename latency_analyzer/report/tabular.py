@@ -58,6 +58,10 @@ ROW_COLUMNS = (
     "tls_alpn",
     "tls_session_reused",
     "server_status",
+    "ttft_wire_ms",
+    "clock_source",
+    "read_lag_p50_ms",
+    "read_lag_max_ms",
 )
 _STAGE_ORDER = tuple(dict.fromkeys((*CLIENT_STAGES, *SERVER_STAGES, *RESIDUALS)))
 
@@ -125,6 +129,10 @@ def _row(wf: Waterfall) -> dict[str, Any]:
         "tls_alpn": None if tls is None else tls.alpn,
         "tls_session_reused": None if tls is None else tls.session_reused,
         "server_status": wf.attributes.get("server.status"),
+        "ttft_wire_ms": _ms(wf.ttft_wire),
+        "clock_source": wf.clock_source,
+        "read_lag_p50_ms": _ms(wf.read_lag_p50),
+        "read_lag_max_ms": _ms(wf.read_lag_max),
     }
     for stage, ns in wf.attribution_ns().items():
         row[f"stage_{stage}_ms"] = round(ns / 1e6, 6)
