@@ -19,6 +19,7 @@ import pytest
 from conftest import assert_exact
 
 import latency_analyzer as la
+from latency_analyzer.analysis import WaterfallSet
 from latency_analyzer.capture import _wire
 from latency_analyzer.errors import UsageError
 from latency_analyzer.testing import LLMServer
@@ -108,6 +109,13 @@ async def test_waterfalls_name_their_clock_and_read_lag(monkeypatch: pytest.Monk
         assert kernel.read_lag_p50_ns is not None and kernel.read_lag_max_ns is not None
         assert 0 <= kernel.read_lag_p50_ns <= kernel.read_lag_max_ns
     assert user.clock_source == "userspace" and user.read_lag_p50_ns is None
+    # a set reports the read lag and ttft_wire percentiles beside ttft
+    ws = WaterfallSet()
+    ws.add(kernel)
+    names = {row.name for row in ws.summary().rows}
+    assert {"ttft", "ttft_wire", "read_lag", "read_lag_max"} <= names
+    assert kernel.ttft_wire_ns == kernel.chunk_times_ns[0] - kernel.stages["send"].start_ns
+    assert 0 < kernel.ttft_wire_ns < (kernel.ttft_ns or 0)
     assert user.attributes["clock_note"] == "kernel stamps are off in this test"
     assert user.summary()["clock_source"] == "userspace"
 

@@ -28,7 +28,7 @@ from conftest import assert_exact
 
 import latency_analyzer as la
 from latency_analyzer.capture._wire import kernel_stamps_supported
-from latency_analyzer.testing import LLMServer, SubprocessLLMServer, TestCA
+from latency_analyzer.testing import H2LLMServer, LLMServer, SubprocessLLMServer, TestCA
 from latency_analyzer.testing.pcap import Flow, PacketCapture, require_tcpdump
 from latency_analyzer.timeline import process_anchor
 
@@ -352,3 +352,36 @@ async def test_tokens_read_together_are_flagged_and_stamped_with_the_reads_end(
             if wf.chunk_times_ns[k] == wf.chunk_times_ns[k + 1]:
                 assert k in wf.shared_read_chunks
         assert wf.multi_event_reads >= len(together)
+
+
+async def test_http2_frames_carry_the_kernel_stamps_of_their_reads() -> None:
+    """Prior-knowledge h2c, 10 streams on one connection, one after another: headers and
+    every token against the capture, read from the DATA frames' bytes on the wire."""
+    server = H2LLMServer(header_delay=HEADER_DELAY, prefill=PREFILL, decode=DECODE, tokens=TOKENS)
+    with server.run_in_subprocess() as h2:
+        with PacketCapture(h2.port) as cap:
+            async with la.Client(h2.url, http2=True) as client:
+                wfs = [
+                    await client.request("/v1/chat/completions", json=_body()) for _ in range(10)
+                ]
+    (flow,) = cap.flows()
+    data = flow.data("in")
+    arrivals = [_perf(p.time_ns) for p in flow.segments("in")]
+    tokens = []
+    for match in _EVENT.finditer(data):
+        raw = match.group(1)
+        if raw != b"[DONE]" and (json.loads(raw).get("choices") or [{}])[0].get("delta", {}).get(
+            "content"
+        ):
+            tokens.append(_perf(flow.time_of_byte("in", match.end() - 1)))
+    ours = [t for wf in wfs for t in wf.chunk_times_ns]
+    assert len(tokens) == len(ours) == 10 * TOKENS
+    own, read = [], []
+    for wf in wfs:
+        assert wf.ok and wf.http_version == "2", wf.error
+        assert_exact(wf)
+        assert wf.clock_source == "kernel"
+    for stamp, truth in zip(ours, tokens, strict=True):
+        own.append(stamp - truth)
+        read.append(_to_read_end(stamp, truth, arrivals))
+    _check({"tokens_own": own, "tokens_read": read}, 100_000, 500_000)
