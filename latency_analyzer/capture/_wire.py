@@ -180,8 +180,14 @@ class StampedSocket(socket.socket):
 
     __slots__ = ("wire",)
 
-    def __init__(self, family: int = -1, type: int = -1, proto: int = -1) -> None:
-        super().__init__(family, type, proto)
+    def __init__(
+        self,
+        family: int = -1,
+        type: int = -1,  # socket.socket's own parameter names: dup() passes them
+        proto: int = -1,
+        fileno: int | None = None,
+    ) -> None:
+        super().__init__(family, type, proto, fileno)
         self.wire = WireStamps()
         if _UNSUPPORTED is not None:
             self.wire.refused = _UNSUPPORTED

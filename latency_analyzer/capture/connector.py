@@ -239,8 +239,8 @@ class _PromptSocket(StampedSocket):
 
     __slots__ = ("state",)
 
-    def __init__(self, family: int, type_: int, proto: int) -> None:
-        super().__init__(family, type_, proto)
+    def __init__(self, family: int, type_: int, proto: int, fileno: int | None = None) -> None:
+        super().__init__(family, type_, proto, fileno)
         self.state: RequestState | None = None
 
     def connect(self, address: Any) -> None:
