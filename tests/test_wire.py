@@ -22,6 +22,7 @@ import latency_analyzer as la
 from latency_analyzer.analysis import WaterfallSet
 from latency_analyzer.capture import _wire
 from latency_analyzer.errors import UsageError
+from latency_analyzer.report.text import render_waterfall
 from latency_analyzer.testing import LLMServer
 from latency_analyzer.testing.pcap import PacketCapture, read_pcap
 from latency_analyzer.timeline import Recorder
@@ -116,6 +117,8 @@ async def test_waterfalls_name_their_clock_and_read_lag(monkeypatch: pytest.Monk
     assert {"ttft", "ttft_wire", "read_lag", "read_lag_max"} <= names
     assert kernel.ttft_wire_ns == kernel.chunk_times_ns[0] - kernel.stages["send"].start_ns
     assert 0 < kernel.ttft_wire_ns < (kernel.ttft_ns or 0)
+    assert f"clock {kernel.clock_source} · read lag median" in render_waterfall(kernel)
+    assert "clock userspace" in render_waterfall(user)
     assert user.attributes["clock_note"] == "kernel stamps are off in this test"
     assert user.summary()["clock_source"] == "userspace"
 
