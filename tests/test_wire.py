@@ -21,6 +21,7 @@ from conftest import assert_exact
 import latency_analyzer as la
 from latency_analyzer.analysis import WaterfallSet
 from latency_analyzer.capture import _wire
+from latency_analyzer.capture._state import RequestState
 from latency_analyzer.errors import UsageError
 from latency_analyzer.report.text import render_waterfall
 from latency_analyzer.testing import LLMServer
@@ -175,3 +176,30 @@ def test_the_pcap_reader_reassembles_a_flow_and_times_each_byte(tmp_path: Path) 
     assert flow.time_of_byte("in", 12) == 1_000_004_000  # the first copy, not the resend
     with pytest.raises(ValueError, match="not captured"):
         flow.time_of_byte("in", 17)
+
+
+def test_a_stage_context_owns_its_stage_and_emits_started_complete_failed() -> None:
+    """httpcore's _trace idea: the exact ordered events, for a block that ends and one that
+    raises; the failed stage is kept, interrupted."""
+    events: list[tuple[str, dict[str, object]]] = []
+    state = RequestState(
+        Recorder("GET", "http://x/", start_ns=0), lambda e, info: events.append((e, dict(info)))
+    )
+    with state.stage("connect", 10, peer="p") as end:
+        end.update(end_ns=25, reused=False)
+    with pytest.raises(ConnectionResetError), state.stage("tls", 30):
+        raise ConnectionResetError("reset by https://user:secret@x/")
+    assert [e for e, _ in events] == [
+        "capture.connect.started",
+        "capture.connect.complete",
+        "capture.tls.started",
+        "capture.tls.failed",
+    ]
+    assert events[1][1] == {"t_ns": 25, "reused": False}
+    assert events[3][1]["error"] == "ConnectionResetError"  # the type, never the text
+    wf = state.recorder.finish(100)
+    assert wf.stages["connect"].start_ns == 10 and wf.stages["connect"].end_ns == 25
+    assert wf.stages["connect"].attributes == {"peer": "p", "reused": False}
+    assert wf.stages["tls"].attributes["interrupted"] is True
+    with pytest.raises(UsageError), state.stage("handshake"):
+        pass
