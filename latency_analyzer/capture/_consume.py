@@ -74,8 +74,14 @@ class _Tokens:
         return step
 
 
-def _tokens_in(events: list[Event]) -> int:
-    return sum(1 for ev in events if type(ev) is ChunkReceived and ev.carries_token)
+def _is_token(ev: Event) -> bool:
+    return type(ev) is ChunkReceived and ev.carries_token
+
+
+def _token_before_more(events: list[Event]) -> bool:
+    """A token completed before other events of the same read: its stamp, the read's, is
+    when the later bytes came (how much later is not known)."""
+    return any(_is_token(ev) for ev in events[:-1])
 
 
 class ResponseConsumer:
@@ -118,9 +124,14 @@ class ResponseConsumer:
         """Body bytes that arrived at ``time_ns`` (one read's bytes, or part of one)."""
         if self._parser is not None:
             events = self._parser.feed(data, time_ns)
-            if len(events) > 1 and _tokens_in(events) > 1:  # one read, several tokens
-                self._state.recorder.multi_event_read()
-            self._apply(events)
+            if len(events) > 1 and _token_before_more(events):
+                rec = self._state.recorder
+                before = rec.chunk_count
+                self._apply(events)
+                after = rec.chunk_count - (1 if _is_token(events[-1]) else 0)
+                rec.multi_event_read(range(before, after))
+            else:
+                self._apply(events)
         elif len(self._body) < self._cap:
             self._body += data[: self._cap - len(self._body)]
 

@@ -77,6 +77,7 @@ class Recorder:
         self._user_reads = 0
         self._refused: str | None = None
         self.multi_event_reads = 0
+        self._shared: list[int] = []
 
     # -- stages --
     def begin(self, name: str, t_ns: int, **attrs: AttrValue) -> None:
@@ -138,9 +139,16 @@ class Recorder:
             if refused is not None:
                 self._refused = refused
 
-    def multi_event_read(self) -> None:
-        """One read carried several content chunks: they share that read's kernel stamp."""
+    def multi_event_read(self, chunks: range = range(0)) -> None:
+        """One read carried a content chunk and more events after it: they share the read's
+        stamp, the arrival of its last bytes. ``chunks``: the indices of the chunks so
+        stamped (not the read's last event)."""
         self.multi_event_reads += 1
+        self._shared.extend(chunks)
+
+    @property
+    def chunk_count(self) -> int:
+        return len(self._chunks)
 
     # -- response --
     def response_headers(self, t_ns: int, status: int | None = None) -> None:
@@ -250,6 +258,7 @@ class Recorder:
             "clock_source": source,
             "reads": kernel + user,
             "multi_event_reads": self.multi_event_reads,
+            "shared_read_chunks": tuple(self._shared),
         }
         if self._lags:
             lags = sorted(self._lags)
