@@ -258,3 +258,28 @@ def test_budgets_apply_to_json_and_to_decode_otlp_itself() -> None:
     with pytest.raises(PayloadTooLarge, match="resource entries"):
         decode_otlp(many, "application/json", tight)
     assert len(decode_otlp(VALID, PROTOBUF)) == 3  # the defaults take a real export
+
+
+async def test_a_full_decode_lane_answers_503_retry_after(monkeypatch: pytest.MonkeyPatch) -> None:
+    release = threading.Event()
+    real = http_module.decode_otlp
+
+    def held(*args: Any) -> Any:
+        release.wait(10)
+        return real(*args)
+
+    monkeypatch.setattr(http_module, "decode_otlp", held)
+    big = _big_export(9, spans_n=20, attr_bytes=5_000)  # ~100 KB: the large lane
+    with OTLPHttpReceiver(SpanStore()).run_in_thread() as receiver:
+        first = [asyncio.ensure_future(_post(receiver.endpoint, big)) for _ in range(2)]
+        while receiver._pool is None or not receiver._pool.full(len(big)):
+            await asyncio.sleep(0.01)  # one decoding, one queued: the lane is full
+        timeout = aiohttp.ClientTimeout(total=10)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            headers = {"Content-Type": PROTOBUF}
+            async with session.post(receiver.endpoint, data=big, headers=headers) as resp:
+                status, retry = resp.status, resp.headers.get("Retry-After")
+        assert (status, retry) == (503, "1") and receiver.busy == 1
+        release.set()
+        assert [r[0] for r in await asyncio.gather(*first)] == [200, 200]
+    assert receiver.accepted == 2

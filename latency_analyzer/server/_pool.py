@@ -51,6 +51,18 @@ class DecodePool:
         self._pending = [0, 0]
         self._lock = threading.Lock()
 
+    def full(self, size: int) -> bool:
+        """Whether a payload of ``size`` bytes would be refused now (a hint: nothing is
+        reserved, so a receiver can refuse before reading a body it would have to refuse)."""
+        lane = 0 if size <= self.small_body else 1
+        with self._lock:
+            return self._pending[lane] >= self.max_pending[lane]
+
+    def refused(self) -> None:
+        """Count a payload its receiver refused after :meth:`full` said so."""
+        with self._lock:
+            self.busy += 1
+
     async def run(self, size: int, func: Callable[[], T]) -> T:
         """``func()`` in the lane for ``size`` bytes.
 
