@@ -46,8 +46,8 @@ def fuzz(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Benchmarks (overhead, HTTP/2 vs HTTP/1.1, load generation, kernel stamps); JSON in
-    bench-results/."""
+    """Benchmarks (overhead, HTTP/2 vs HTTP/1.1, load generation, kernel stamps, receivers
+    under a flood); JSON in bench-results/."""
     session.install(".")
     session.run(
         "python",
@@ -61,6 +61,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/bench_streams.py", "--out", "bench-results/streams.json")
     session.run("python", "benchmarks/bench_profile.py", "--out", "bench-results/profile.json")
     session.run("python", "benchmarks/bench_stamps.py", "--out", "bench-results/stamps.json")
+    session.run("python", "benchmarks/bench_receivers.py", "--out", "bench-results/receivers.json")
 
 
 @nox.session

@@ -324,8 +324,11 @@ def _otlp_pb_request(exports: int) -> bytes:
     return OTLP_PB * exports
 
 
+_SCENARIO_DIR: list[Path] = []  # the running test's tmp_path
+
+
 def _scenario_file(keys: int) -> Path:
-    path = Path(tempfile.mkdtemp()) / "s.toml"
+    path = _SCENARIO_DIR[0] / f"s{keys}.toml"
     body = "".join(f'[[templates]]\nname = "t{i}"\nweight = 1\n' for i in range(keys))
     path.write_text(f'url = "http://127.0.0.1:1/x"\nrequests = 1\n{body}')
     return path
@@ -374,6 +377,7 @@ LINEAR = {
 
 
 @pytest.mark.parametrize("case", sorted(LINEAR))
-def test_parse_time_is_linear(case: str) -> None:
+def test_parse_time_is_linear(case: str, tmp_path: Path) -> None:
+    _SCENARIO_DIR[:] = [tmp_path]
     func, make, n = LINEAR[case]
     assert_linear(func, make, n)

@@ -216,11 +216,14 @@ class OTLPHttpReceiver:
 
     # -- requests --------------------------------------------------------------------------------
     async def _traces(self, request: web.Request) -> web.StreamResponse:
+        assert self._pool is not None  # serving
+        if request.content_length is not None and self._pool.full(request.content_length):
+            self._pool.refused()  # refused before its body is read: a flood costs us less
+            return self._busy("the decode lane for this size is full; try later", close=True)
         try:
             media = self._media_type(request)
             body = await self._read_body(request)
             gzipped = request.headers.get("Content-Encoding", "").strip().lower() == "gzip"
-            assert self._pool is not None  # serving
             await self._pool.run(len(body), lambda: self._decode(body, gzipped, media))
         except PayloadTooLarge as exc:
             return self._reject(413, exc.message)
@@ -232,9 +235,7 @@ class OTLPHttpReceiver:
             self.timed_out += 1
             return self._reject(408, str(exc))
         except Busy as exc:
-            return web.json_response(
-                {"code": 14, "message": str(exc)}, status=503, headers={"Retry-After": "1"}
-            )
+            return self._busy(str(exc), close=False)
         self.accepted += 1
         # an empty ExportTraceServiceResponse: full success
         if media == JSON:
@@ -274,6 +275,12 @@ class OTLPHttpReceiver:
             if size > self.max_body:
                 raise BodyTooLarge(f"body over {self.max_body} bytes")
             parts.append(chunk)
+
+    def _busy(self, message: str, *, close: bool) -> web.Response:
+        """OTLP's retryable answer (gRPC status 14, UNAVAILABLE, in the body); ``close`` when
+        the body was left unread."""
+        headers = {"Retry-After": "1", **({"Connection": "close"} if close else {})}
+        return web.json_response({"code": 14, "message": message}, status=503, headers=headers)
 
     def _reject(self, status: int, message: str) -> web.Response:
         self.rejected += 1

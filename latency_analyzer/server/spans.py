@@ -21,6 +21,7 @@ import base64
 import binascii
 import copy
 import json
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -188,11 +189,18 @@ def _span(pb: PbSpan, resource: Mapping[str, AttrValue], scope: str) -> ServerSp
 def spans_from_request(request: ExportTraceServiceRequest) -> list[ServerSpan]:
     """Flatten an ``ExportTraceServiceRequest`` (or ``TracesData``) into spans."""
     out: list[ServerSpan] = []
+    done = 0
     for resource_spans in request.resource_spans:
         resource = MappingProxyType(_attributes(resource_spans.resource.attributes))
         for scope_spans in resource_spans.scope_spans:
             scope = scope_spans.scope.name
-            out += [s for pb in scope_spans.spans if (s := _span(pb, resource, scope))]
+            for pb in scope_spans.spans:
+                done += 1 + len(pb.attributes)
+                if done >= _YIELD_EVERY:  # see _YIELD_EVERY
+                    done = 0
+                    time.sleep(0)
+                if span := _span(pb, resource, scope):
+                    out.append(span)
     return out
 
 
@@ -216,6 +224,10 @@ _CHILDREN: tuple[dict[int, int], ...] = (
     {},  # Status
 )
 _MAX_DEPTH = 100  # the protobuf runtime's own recursion limit
+#: Fields walked, or attributes converted, between two yields of the GIL (``time.sleep(0)``):
+#: about a millisecond of work, so an event loop or a cheap export in another thread waits
+#: for that rather than for CPython's 5 ms switch interval.
+_YIELD_EVERY = 2048
 _NOT_PB = "not an OTLP protobuf ExportTraceServiceRequest"
 
 
@@ -255,6 +267,8 @@ def check_protobuf(body: bytes, limits: Limits = DEFAULT_LIMITS) -> None:
         items += 1
         if items > limits.max_items:
             raise PayloadTooLarge(f"more than {limits.max_items} protobuf fields")
+        if not items % _YIELD_EVERY:
+            time.sleep(0)
         tag = body[pos]  # pos < end <= len(body); one-byte varints inline (most tags, sizes)
         if tag < 0x80:
             pos += 1
