@@ -63,6 +63,7 @@ __all__ = [
     "DistributedResult",
     "RayRun",
     "WorkerReport",
+    "cristian_offset",
     "expected_requests",
     "phase_ns",
     "rtt_note",
@@ -138,6 +139,22 @@ def expected_requests(sc: Scenario) -> float | None:
         by_time = sc.rate * sc.duration
     counts = [c for c in (by_time, sc.requests) if c is not None]
     return float(min(counts)) if counts else None
+
+
+def cristian_offset(samples: list[tuple[int, int, int]]) -> tuple[float, float]:
+    """A remote wall clock's offset from ours, from ``(sent, remote, back)`` epoch-ns triples.
+
+    The remote clock was read somewhere in [sent, back] (Cristian): the offset is ``remote -
+    (sent + back) / 2`` within ± half the round trip. The tightest round trip wins.
+
+    Returns:
+        ``(offset_s, error_s)``; ``(0.0, inf)`` without samples.
+    """
+    offset, error = 0.0, math.inf
+    for sent, remote, back in samples:
+        if (back - sent) / 2e9 < error:
+            offset, error = (remote - (sent + back) / 2) / 1e9, (back - sent) / 2e9
+    return offset, error
 
 
 # -- the worker (a Ray async actor) --------------------------------------------------------
@@ -440,14 +457,12 @@ class RayRun:
         r.host, r.node_id, r.pid = ident["host"], ident["node_id"], ident["pid"]
         r.anchor, r.fingerprint = ident["anchor"], ident["fingerprint"]
         r.expected = expected_requests(self.parts[i])
-        r.clock_error_s = math.inf
+        samples = []
         for _ in range(_CLOCK_PROBES):  # Cristian: the worker read its clock in [sent, back]
             sent = time.time_ns()
             wall = await self.actors[i].wall_ns.remote()
-            back = time.time_ns()
-            if (back - sent) / 2e9 < r.clock_error_s:
-                r.clock_offset_s = (wall - (sent + back) / 2) / 1e9
-                r.clock_error_s = (back - sent) / 2e9
+            samples.append((sent, wall, time.time_ns()))
+        r.clock_offset_s, r.clock_error_s = cristian_offset(samples)
 
     def _meta(self) -> dict[str, Any]:
         return {
