@@ -29,10 +29,11 @@ def run_of(environment: Any) -> LocustRun:
     run = _RUNS.get(environment)
     if run is None:
         opts = environment.parsed_options
+        stages = getattr(opts, "la_stages", None)  # "" adds no rows
         run = LocustRun(
             environment,
             out=getattr(opts, "la_out", None),
-            stages=parse_stages(getattr(opts, "la_stages", None) or ",".join(DEFAULT_STAGES)),
+            stages=DEFAULT_STAGES if stages is None else parse_stages(stages),
             drain_s=float(getattr(opts, "la_drain", 10.0) or 10.0),
         )
         _RUNS[environment] = run
