@@ -30,6 +30,7 @@ import pytest
 from conftest import tolerance
 
 from latency_analyzer.analysis import WaterfallSet
+from latency_analyzer.cli import main as cli_main
 from latency_analyzer.load._ray import cristian_offset
 from latency_analyzer.testing import LLMServer, RequestRecord, SubprocessLLMServer
 
@@ -246,7 +247,9 @@ def _fetch_page(url: str, until: str) -> str:
     raise AssertionError(f"{url} never showed {until!r}: {text[:500]!r}")
 
 
-def test_master_and_two_workers_merge_exactly(server: SubprocessLLMServer, tmp_path: Path) -> None:
+def test_master_and_two_workers_merge_exactly(
+    server: SubprocessLLMServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     (tmp_path / "lf.py").write_text(LOCUSTFILE)
     before = len(server.records)
     port = _free_port()
@@ -283,6 +286,9 @@ def test_master_and_two_workers_merge_exactly(server: SubprocessLLMServer, tmp_p
         assert r["pid"] > 0 and r["anchor"]["epoch_ns"] > 0 and r["fingerprint"]["base_rtt_s"]
         assert r["clock_error_s"] < 0.05  # one probe round trip over Locust's channel
         assert abs(r["clock_offset_s"]) <= r["clock_error_s"] + 0.001  # one host, one clock
+    # our tools read it unchanged
+    assert cli_main(["compare", str(path), str(path)]) == 0
+    assert "ttft_p50" in capsys.readouterr().out
 
 
 def test_example_locustfile_runs(server: SubprocessLLMServer, tmp_path: Path) -> None:
