@@ -9,6 +9,7 @@ in the user's: a user killed mid-request (Locust's stop) still gets its waterfal
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
@@ -41,8 +42,12 @@ class EngineError(RuntimeError):
 class EngineProcess:
     """One capture engine for one Locust process (every user shares it)."""
 
-    def __init__(self, on_waterfall: OnWaterfall) -> None:
+    def __init__(
+        self, on_waterfall: OnWaterfall, on_exit: Callable[[str], None] | None = None
+    ) -> None:
         self.on_waterfall = on_waterfall
+        self.on_exit = on_exit  # called (with why) when the engine dies before stop()
+        self._stopping = False
         self.proc: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
         self._ids = itertools.count(1)
@@ -114,6 +119,7 @@ class EngineProcess:
 
     def stop(self, timeout: float = 5.0) -> None:
         """Let in-flight requests finish (up to ``timeout``), then end the engine."""
+        self._stopping = True
         self.drain(timeout)
         if self._sock is not None:
             self._sock.close()
@@ -143,11 +149,17 @@ class EngineProcess:
         except (OSError, ValueError) as exc:
             log.error("capture engine connection lost: %s", exc)
         finally:
-            code = None if self.proc is None else self.proc.poll()
+            code = None
+            if self.proc is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    code = self.proc.wait(5.0)
+            lost = len(self._pending)
             gone = EngineError(f"the capture engine exited (status {code})")
             for result, _ in self._pending.values():
                 result.set(gone)
             self._pending.clear()
+            if not self._stopping and self.on_exit is not None:
+                self.on_exit(f"{gone}; {lost} requests in flight have no waterfall")
 
     def _answer(self, msg: Mapping[str, Any]) -> None:
         if "id" not in msg:  # an ``open`` refused: its user's requests will say so

@@ -121,9 +121,16 @@ class LocustRun:
     def engine_for_users(self) -> EngineProcess:
         """The process's capture engine, started on first use."""
         if self.engine is None:
-            self.engine = EngineProcess(self.record)
+            self.engine = EngineProcess(self.record, self._engine_died)
             self.engine.start()
         return self.engine
+
+    def _engine_died(self, why: str) -> None:
+        """No engine, no measurement: stop the test (exit status 1) rather than run blind.
+        What was recorded is kept, and Locust counted exactly that."""
+        log.error("%s: stopping the test", why)
+        self.env.process_exit_code = 1
+        gevent.spawn(self.env.runner.quit)
 
     # -- one waterfall --
     def record(self, meta: Mapping[str, Any], wf: Waterfall) -> None:
@@ -254,6 +261,12 @@ class LocustRun:
     def on_quit(self) -> None:
         if self.engine is not None:
             self.engine.stop()
+        if self.role != "worker" and getattr(self.env.parsed_options, "csv_prefix", None):
+            # Locust rewrites its CSV once a second and not again at exit: give its writer
+            # one more turn, so the CSV holds the requests counted since (the last ones)
+            from locust.stats import CSV_STATS_INTERVAL_SEC
+
+            gevent.sleep(CSV_STATS_INTERVAL_SEC * 1.5)
         if self.set is not None:
             if self.role == "master":
                 reports = [r.to_dict() for r in self.workers.values()]

@@ -269,6 +269,8 @@ def _init(environment: Any, runner: Any = None, web_ui: Any = None, **_: Any) ->
     if run.role == "master":
         environment.events.worker_report.add_listener(run.on_worker_report)
         runner.register_message("la_clock_back", lambda environment, msg: run.on_clock_back(msg))
+    if run.role != "master":
+        run.engine_for_users()  # starting while Locust starts: the first users need not wait
     environment.events.test_start.add_listener(lambda **kw: run.on_test_start())
     environment.events.test_stop.add_listener(lambda **kw: run.on_test_stop())
     environment.events.quit.add_listener(lambda **kw: run.on_quit())
