@@ -289,8 +289,8 @@ def test_master_and_two_workers_merge_exactly(
     worker = _locust("-f", "lf.py", "--worker", "--master-host", "127.0.0.1", "--master-port", port)
     with _capture(server.port, tmp_path / "lo.pcap"):
         procs = [_start(master, tmp_path), _start(worker, tmp_path), _start(worker, tmp_path)]
-        _, _, out = _run_until(web, ROWS, procs)
-    assert SECRET not in out
+        page, _, out = _run_until(web, ROWS, procs)
+    assert SECRET not in out and "</span> ttft</td>" in page  # the master's page: every worker
     wire = _wire_waits(tmp_path / "lo.pcap", server.port)
     records = server.records[before:]
     path = tmp_path / "run.jsonl"
@@ -316,14 +316,14 @@ def test_master_and_two_workers_merge_exactly(
 @pytest.mark.slow
 def test_example_locustfile_runs(server: SubprocessLLMServer, tmp_path: Path) -> None:
     args = ["-f", ROOT / "examples" / "locustfile_mixed.py", "--host", server.url]
-    port = _free_port()
-    args += ["-u", "6", "-r", "6", "--autostart", "--web-host", "127.0.0.1", "--web-port", port]
-    _run_until(port, 8, [_start(_locust(*args, "--csv", "out", "--la-out", "m.jsonl"), tmp_path)])
+    args += ["--headless", "-u", "8", "-r", "8", "-t", "6s", "--csv", "out", "--la-out", "m.jsonl"]
+    done = _run(_locust(*args), tmp_path)  # as a user runs it: headless, for a time
+    assert done.returncode == 0, done.stderr[-3000:]
     rows = _rows(tmp_path / "out")
     ws = WaterfallSet.load(tmp_path / "m.jsonl")
     kinds = {"short_chat", "code", "long_document"}
     counted = sum(int(rows[("POST", k)]["Request Count"]) for k in kinds if ("POST", k) in rows)
-    assert counted == len(ws) >= 8
+    assert counted == len(ws) >= 1
     assert set(ws.group_by("template")) <= kinds
     assert ("TTFT", "short_chat ttft") in rows
 
