@@ -7,7 +7,9 @@ users and no think time, once per variant:
 
 * ``fasthttp``: ``FastHttpUser.client.post`` (geventhttpclient; the body read whole, no stages);
 * ``latency``: ``OpenAIUser.chat`` (our engine process; every stage, TTFT/TPOT rows);
-* ``latency_no_rows``: the same with ``--la-stages ''`` (one Locust row per request only).
+* ``latency_no_rows``: the same with ``--la-stages ''`` (one Locust row per request only);
+* ``native_load_run``: no Locust, our own closed loop (``load.run``) with as many users, whose
+  CPU per request is the capture's own cost (what the engine process cannot do below).
 
 For each: requests/s over the run, and client CPU per request (user + system time of the
 Locust process, plus the engine process for ours) between Locust's test start and stop, read
@@ -134,6 +136,32 @@ def _variant(name: str, source: str, url: str, args: argparse.Namespace, tmp: Pa
     return res
 
 
+_NATIVE = """
+import json, sys, time
+from latency_analyzer.load import Scenario, Template, run_sync
+
+url, users, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+sc = Scenario(url + "/v1/chat/completions", concurrency=users, duration=seconds,
+              templates=(Template(max_tokens=8),))
+cpu0, t0 = time.process_time(), time.perf_counter()
+res = run_sync(sc, rtt_samples=0)
+cpu, wall = time.process_time() - cpu0, time.perf_counter() - t0
+print(json.dumps({"requests": len(res.set), "seconds": wall, "cpu_s": cpu}))
+"""
+
+
+def _native(url: str, args: argparse.Namespace) -> Any:
+    """Our own closed loop (``latency_analyzer.load.run``) with as many users: the capture's
+    cost without Locust or the pipe, the floor the engine's share can be compared with."""
+    seconds = max(1, args.seconds - 3)  # Locust's runs lose about this much to start-up
+    cmd = [sys.executable, "-c", _NATIVE, url, str(args.users), str(seconds)]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=120)
+    res: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    res["requests_per_s"] = res["requests"] / res["seconds"]
+    res["cpu_us_per_request"] = res["cpu_s"] / max(1, res["requests"]) * 1e6
+    return res
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default="bench-results/locust.json", metavar="FILE")
@@ -151,6 +179,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, bed.run_in_subprocess() as s:
         for name, source in (("fasthttp", _FAST), ("latency", _OURS), ("latency_no_rows", _OURS)):
             out[name] = _variant(name, source, s.url, args, Path(tmp))
+        out["native_load_run"] = _native(s.url, args)
     fast = out["fasthttp"]
     for name in ("latency", "latency_no_rows"):
         ours = out[name]
