@@ -341,7 +341,10 @@ class Killer(OpenAIUser):
 
     @task
     def ask(self):
-        self.chat("hello", name="chat", max_tokens=4)
+        if len(_done) % 2:
+            self.completions("hello", name="chat", max_tokens=4)
+        else:
+            self.chat("hello", name="chat", max_tokens=4)
         _done.append(1)
         if len(_done) == 15:  # the engine dies under the run
             os.kill(run_of(self.environment).engine.proc.pid, signal.SIGKILL)
@@ -359,6 +362,19 @@ def test_a_dead_engine_stops_the_run_and_loses_nothing_counted(
     rows = _rows(tmp_path / "out")
     ws = WaterfallSet.load(tmp_path / "run.jsonl")
     assert int(rows[("POST", "chat")]["Request Count"]) == len(ws) >= 15  # counted = kept
+    text = (tmp_path / "run.jsonl").read_text()  # OpenAIUser.chat and .completions, streamed
+    assert "/v1/chat/completions" in text and '/v1/completions"' in text
+    assert ws.counts()["errors"] == 0 and len(ws.values("tpot")) == len(ws)
+
+
+def test_the_engine_process_never_loads_gevent() -> None:
+    """The engine imports the package, never Locust or gevent: nothing in it is patched."""
+    code = (
+        "import sys, latency_analyzer.locust, latency_analyzer.locust._engine\n"
+        "print(sorted(m for m in ('gevent', 'locust') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr
 
 
 def test_bad_stage_option_exits_2(tmp_path: Path) -> None:
