@@ -408,3 +408,16 @@ def test_nothing_imports_the_locust_layer() -> None:
             assert not any(n.startswith("latency_analyzer.locust") for n in names), path
             if isinstance(node, ast.ImportFrom) and node.level:
                 assert not (node.module or "").startswith("locust"), path
+
+
+def test_stage_names_and_client_options_are_checked() -> None:
+    from latency_analyzer import UsageError
+    from latency_analyzer.locust._engine import client_of
+    from latency_analyzer.locust._run import parse_stages
+
+    assert parse_stages(" dns, ttft ,tpot,server_queue,") == ("dns", "ttft", "tpot", "server_queue")
+    assert parse_stages("") == ()
+    with pytest.raises(ValueError, match="'warp'"):
+        parse_stages("wait,warp")
+    with pytest.raises(UsageError, match="colour"):
+        client_of({"http2": True, "colour": "red"})
