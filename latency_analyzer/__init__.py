@@ -11,6 +11,7 @@
 
 from typing import TYPE_CHECKING, Any
 
+from . import _presenters  # noqa: F401  (registers plot/diagnose/repr behind the model)
 from ._version import __version__
 from .errors import LatencyAnalyzerError, RequestError, UsageError
 from .timeline import (
@@ -21,6 +22,7 @@ from .timeline import (
     ConnectionInfo,
     Recorder,
     Span,
+    TcpInfo,
     TlsInfo,
     Waterfall,
 )
@@ -52,6 +54,7 @@ __all__ = [
     "Recorder",
     "RequestError",
     "Span",
+    "TcpInfo",
     "TlsInfo",
     "UsageError",
     "Waterfall",

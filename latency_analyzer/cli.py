@@ -1,4 +1,4 @@
-"""``latency-analyzer``: probe a URL, or run the demo against built-in loopback servers."""
+"""``latency-analyzer``: probe and diagnose a URL, run load, compare and export runs, or demo."""
 
 from __future__ import annotations
 
@@ -12,6 +12,9 @@ from typing import Any
 
 from . import __version__
 from .capture.client import probe
+from .cli_diagnose import add_diagnose_parser, probe_many
+from .cli_export import add_export_parser
+from .cli_report import add_report_parser
 from .errors import RequestError, UsageError
 from .load.cli import add_compare_parser, add_run_parser
 from .report.text import render_waterfall
@@ -40,7 +43,11 @@ def _body(spec: str | None) -> tuple[Any, str | None]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="latency-analyzer", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="latency-analyzer",
+        description="Say where every millisecond of a request went: probe and diagnose a URL, "
+        "run load, compare, diagnose, export and report runs, or watch the demo.",
+    )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("probe", help="time one request and show where its time went")
@@ -58,7 +65,23 @@ def _parser() -> argparse.ArgumentParser:
         metavar="'NAME: VALUE'",
     )
     p.add_argument("-d", "--data", metavar="DATA|@FILE", help="request body; JSON is sent as JSON")
-    p.add_argument("--json", action="store_true", help="print one JSON object (see DESIGN.md)")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object: e2e_s, ttft_s, stages (seconds; they sum to e2e_s), ...",
+    )
+    p.add_argument(
+        "--count",
+        type=int,
+        default=1,
+        metavar="N",
+        help="send N requests on one client: the first cold, the rest warm (default: 1)",
+    )
+    p.add_argument(
+        "--diagnose",
+        action="store_true",
+        help="ask the server for its ALPN choice and print the findings with their what-ifs",
+    )
     p.add_argument("--resolver", metavar="HOST:PORT", help="ask this DNS server (default: system)")
     p.add_argument(
         "--insecure", "-k", action="store_true", help="do not verify the TLS certificate"
@@ -87,6 +110,9 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--json", action="store_true", help="print the waterfalls as JSON lines")
     add_run_parser(sub)
     add_compare_parser(sub)
+    add_diagnose_parser(sub)
+    add_export_parser(sub)
+    add_report_parser(sub)
     return parser
 
 
@@ -99,6 +125,10 @@ def _print(wf: Waterfall, as_json: bool, colour: bool) -> None:
 
 def _probe(args: argparse.Namespace) -> int:
     body, data = _body(args.data)
+    if args.count != 1 or args.diagnose:
+        args.colour = sys.stdout.isatty() and not args.no_color
+        request = {"method": args.method, "json": body, "data": data, "headers": dict(args.headers)}
+        return probe_many(args, request)
     context = ssl.create_default_context(cafile=args.cacert) if args.cacert else None
     wf = probe(
         args.url,
@@ -122,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "probe":
             return _probe(args)
-        if args.command in ("run", "compare"):
+        if getattr(args, "func", None) is not None:
             return int(args.func(args))
         from .demo import run_demo
 

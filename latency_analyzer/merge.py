@@ -10,7 +10,13 @@ Server stages become children (``source="server"``) of the client stages they fa
 at client stage boundaries; a client stage's uncovered time becomes ``network``; attribution
 still sums to e2e exactly. The merged waterfall is a new one; its ``attributes`` say how:
 
-* ``server.status``: ``merged``, ``no server data`` or ``no offset fits``;
+* ``server.status``: ``merged``, ``no server data`` or ``no offset fits`` (with
+  ``server.reason`` saying why);
+* ``server.contradicted``: the bounds left out of a merged request's bracket because they
+  contradict what the client saw (comma-separated names), each with
+  ``server.contradicted.<name>_ns``: how far after the client's own observation that server
+  instant lands at the offset used. The uncertainty is widened to reach it, and the server
+  stage ending at that instant carries ``server.contradicts`` / ``server.contradicted_ns``;
 * ``server.source`` (``otlp``, ``server-timing``, ...), ``server.schema``;
 * ``server.offset_ns`` / ``server.offset_uncertainty_ns`` (server clock − client epoch),
   ``server.offset_requests``; ``server.bracket_lo_ns`` / ``server.bracket_hi_ns``.
@@ -88,6 +94,41 @@ def _kept(stages: ServerStages) -> dict[str, AttrValue]:
     return out
 
 
+def _why_no_fit(own: Bracket | None) -> str:
+    if own is None:
+        return "the request gives no bound (not sent, no clock anchor or no server instants)"
+    against = ", ".join(f"{name} by {(value - own.hi_ns) / 1e6:.3f} ms" for name, value in own.lows)
+    return f"the arrival bound contradicts every later bound: {against}"
+
+
+def _contradictions(own: Bracket, chosen: ClockOffset) -> dict[str, int]:
+    """How far after the client's observation each contradicted server instant lands."""
+    lows = dict(own.lows)
+    return {name: lows[name] - chosen.offset_ns for name, _ in own.contradicted}
+
+
+def _instants(stages: ServerStages) -> dict[str, int | None]:
+    return {
+        "first_token": stages.first_token_ns,
+        "last_token": stages.last_token_ns,
+        "done": stages.done_ns,
+    }
+
+
+def _mark(span: Span, stages: ServerStages, against: Mapping[str, int]) -> Span:
+    """``span`` with the contradicted bounds its end is the instant of, if any."""
+    instants = _instants(stages)
+    names = [name for name in against if instants[name] == span.end_ns]
+    if not names:
+        return span
+    attrs = {
+        **span.attributes,
+        "server.contradicts": ",".join(names),
+        "server.contradicted_ns": max(against[name] for name in names),
+    }
+    return dataclasses.replace(span, attributes=attrs)
+
+
 def _choose(own: Bracket, offset: ClockOffset | None) -> tuple[ClockOffset, bool]:
     """The offset to use for one request: the shared one if its bracket allows it, else the
     nearest value inside its own bracket (reported as clamped)."""
@@ -127,19 +168,23 @@ def merge(
             if own is None
             else {"server.bracket_lo_ns": own.lo_ns, "server.bracket_hi_ns": own.hi_ns}
         )
-        return dataclasses.replace(
-            wf, attributes={**wf.attributes, **info, **bounds, "server.status": NO_OFFSET_FITS}
-        )
+        info.update({**bounds, "server.status": NO_OFFSET_FITS, "server.reason": _why_no_fit(own)})
+        return dataclasses.replace(wf, attributes={**wf.attributes, **info})
     chosen, clamped = _choose(own, offset)
+    against = _contradictions(own, chosen)
+    if against:  # the offset may be off by as much as the bound it disregards says
+        widened = max(chosen.uncertainty_ns, *against.values())
+        chosen = dataclasses.replace(chosen, uncertainty_ns=widened)
     assert wf.anchor is not None  # bracket() needs it
     to_perf = wf.anchor.to_perf_ns
     moved = [
         dataclasses.replace(
-            s,
+            marked,
             start_ns=to_perf(s.start_ns - chosen.offset_ns),
             end_ns=to_perf(s.end_ns - chosen.offset_ns),
         )
         for s in stages.stages
+        for marked in (_mark(s, stages, against),)
     ]
     root, unplaced = place(wf.root, moved)
     info.update(
@@ -152,6 +197,9 @@ def merge(
             "server.bracket_hi_ns": own.hi_ns,
         }
     )
+    if against:
+        info["server.contradicted"] = ",".join(against)
+        info.update({f"server.contradicted.{name}_ns": ns for name, ns in against.items()})
     if clamped:
         info["server.offset_clamped"] = True
     if not chosen.consistent:
@@ -169,9 +217,14 @@ def _merge_untimed(wf: Waterfall, stages: ServerStages, source: str) -> Waterfal
     info = {"server.source": source, **_kept(stages)}
     total = sum(s.duration_ns for s in stages.stages)
     if send is None or wait is None or total > wait.end_ns - send.start_ns:
-        return dataclasses.replace(
-            wf, attributes={**wf.attributes, **info, "server.status": NO_OFFSET_FITS}
+        reason = (
+            "no send or wait stage to place the durations in"
+            if send is None or wait is None
+            else f"the server's durations ({total / 1e6:.3f} ms) exceed the client's "
+            f"send-to-headers window ({(wait.end_ns - send.start_ns) / 1e6:.3f} ms)"
         )
+        info.update({"server.status": NO_OFFSET_FITS, "server.reason": reason})
+        return dataclasses.replace(wf, attributes={**wf.attributes, **info})
     slack = wait.end_ns - send.start_ns - total
     t = send.start_ns + slack // 2
     moved = []

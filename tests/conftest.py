@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 
 from latency_analyzer import Waterfall
 from latency_analyzer.testing import TestCA
+from latency_analyzer.testing._priority import realtime as go_realtime
 
 
 def assert_exact(wf: Waterfall) -> None:
@@ -31,3 +33,19 @@ def ca() -> TestCA:
 @pytest.fixture(scope="session")
 def server_pem(ca: TestCA, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     yield ca.server_pem_path(tmp_path_factory.mktemp("tls"))
+
+
+@pytest.fixture
+def realtime() -> Iterator[None]:
+    """This test's process at real-time priority while the test runs (where the OS allows).
+
+    For the test bed's own precision tests, whose server and measuring client share this
+    process: ordinary processes elsewhere on a busy host then cannot delay either of them.
+    Refused (not root), the test runs at normal priority.
+    """
+    before = os.sched_getscheduler(0), os.sched_getparam(0)
+    go_realtime()
+    try:
+        yield
+    finally:
+        os.sched_setscheduler(0, before[0], before[1])

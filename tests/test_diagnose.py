@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -17,7 +18,7 @@ from latency_analyzer.diagnose import (
     format_findings,
 )
 from latency_analyzer.report._synthetic import synthetic
-from latency_analyzer.timeline import TlsInfo
+from latency_analyzer.timeline import ConnectionInfo, TcpInfo, TlsInfo
 
 TLS_FULL = TlsInfo("TLSv1.3", "TLS_AES_128_GCM_SHA256", "http/1.1", False, "llm.test")
 TLS_RESUMED = TlsInfo("TLSv1.3", "TLS_AES_128_GCM_SHA256", "http/1.1", True, "llm.test")
@@ -62,7 +63,8 @@ def test_healthy_request_and_set_get_no_findings() -> None:
 def test_every_rule_has_a_case_below() -> None:
     assert set(RULES) == {
         "dns", "new_connection", "tls_resumption", "http1", "pool_wait", "schedule_lag",
-        "server_queue", "prefill", "decode", "network", "itl_jitter",
+        "server_queue", "prefill", "decode", "network", "itl_jitter", "tcp_loss", "path_rtt",
+        "slow_connect",
     }  # fmt: skip
 
 
@@ -199,3 +201,63 @@ def test_a_concurrent_burst_needs_its_connections() -> None:
     assert "new_connection" not in rules(diagnose_set(burst))
     again = burst + [cold(0, connect=2.0, tls=6.0, start_ms=1000.0 + 300 * i) for i in range(4)]
     assert "new_connection" in rules(diagnose_set(again))  # ... but doing it again is
+
+
+# -- the kernel's view of the connection (TCP_INFO) --------------------------------------------
+def tcp(rtt_ms: float, retrans: int = 0, out_of_order: int = 0) -> TcpInfo:
+    rtt = round(rtt_ms * 1000)
+    return TcpInfo(
+        at_ns=0, rtt_us=rtt, rttvar_us=rtt // 4, min_rtt_us=rtt, rto_us=200_000 + rtt,
+        retransmits=0, total_retrans=retrans, lost=0, reordering=3, snd_cwnd=10,
+        rcv_ooopack=out_of_order,
+    )  # fmt: skip
+
+
+def with_tcp(
+    wf: Waterfall, end: TcpInfo, at_connect: TcpInfo | None = None, conn: int = 1
+) -> Waterfall:
+    connection = ConnectionInfo(reused=wf.connection.reused, connection_id=conn)
+    return dataclasses.replace(
+        wf, tcp_connect=at_connect or end, tcp_end=end, connection=connection
+    )
+
+
+def test_a_loopback_connection_with_no_loss_gets_no_tcp_finding() -> None:
+    assert diagnose(with_tcp(cold(), tcp(0.05))) == []
+    assert diagnose(with_tcp(healthy(), tcp(0.05))) == []
+
+
+def test_round_trips_on_a_long_path_are_told_from_server_time() -> None:
+    wf = with_tcp(
+        cold(connect=20.3, tls=20.6, wait=21.5, first_token=2.0, gaps=[1.0] * 5), tcp(20.0)
+    )
+    found = diagnose(wf)
+    path = next(f for f in found if f.rule == "path_rtt")
+    assert path.data["round_trips"] == 3  # connect, the TLS 1.3 handshake, the request
+    assert path.time_at_stake_s == pytest.approx(0.060)
+    assert path.data["server_s"] == pytest.approx(0.0015)
+    assert "path RTT 20.0 ms" in path.evidence and "1.5 ms of server time" in path.evidence
+    # the same request with a slow server instead: the round trips are a small share
+    slow_server = with_tcp(cold(wait=400.0, gaps=[1.0] * 5), tcp(0.05))
+    assert "path_rtt" not in rules(diagnose(slow_server))
+
+
+def test_retransmits_and_out_of_order_arrivals_are_loss() -> None:
+    found = diagnose(with_tcp(cold(connect=20.3, tls=20.6), tcp(20.0, retrans=3, out_of_order=2)))
+    loss = next(f for f in found if f.rule == "tcp_loss")
+    assert "3 segments retransmitted, 2 received out of order" in loss.evidence
+    assert loss.time_at_stake_s == pytest.approx(5 * 0.020)
+    # counters are per connection: three requests on one connection count it once
+    run = [with_tcp(healthy(i), tcp(20.0, retrans=2 + (i == 2))) for i in range(3)]
+    loss = next(f for f in diagnose_set(run) if f.rule == "tcp_loss")
+    assert loss.data["retransmits"] == 3
+
+
+def test_a_connect_far_beyond_the_rtt_is_named_with_its_retransmits() -> None:
+    wf = with_tcp(cold(connect=1020.0), tcp(20.0, retrans=1), at_connect=tcp(20.0, retrans=1))
+    slow = next(f for f in diagnose(wf) if f.rule == "slow_connect")
+    assert "1 segments were retransmitted while connecting" in slow.evidence
+    assert slow.time_at_stake_s == pytest.approx(1.0)
+    queue = with_tcp(cold(connect=300.0), tcp(20.0))
+    slow = next(f for f in diagnose(queue) if f.rule == "slow_connect")
+    assert "accept queue is full" in slow.evidence

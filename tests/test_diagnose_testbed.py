@@ -6,7 +6,13 @@ import asyncio
 from typing import Any
 
 import latency_analyzer as la
-from latency_analyzer.diagnose import diagnose, diagnose_set, format_findings, probe_alpn
+from latency_analyzer.diagnose import (
+    aprobe_alpn,
+    diagnose,
+    diagnose_set,
+    format_findings,
+    probe_alpn,
+)
 from latency_analyzer.testing import DelayProxy, DNSServer, H2LLMServer, LLMServer, TestCA
 
 BODY: dict[str, Any] = {
@@ -75,3 +81,12 @@ async def test_probe_alpn_tells_what_the_server_picks(ca: TestCA) -> None:
     assert picked[0] == "h2"
     assert picked[1] != "h2"
     assert probe_alpn("http://127.0.0.1:1/") is None  # nothing is negotiated in clear text
+
+
+async def test_probe_alpn_resolves_a_name_through_the_given_resolver(ca: TestCA) -> None:
+    # a name only the test's DNS server knows: the system resolver would fail (gaierror)
+    async with H2LLMServer(ssl=ca.server_context()) as h2, DNSServer() as dns:
+        url = f"https://llm.test:{h2.port}/"
+        picked = await aprobe_alpn(url, resolver=dns.nameserver, ssl=ca.client_context())
+        assert picked == "h2"
+        assert {name for name, _ in dns.queries} == {"llm.test"}

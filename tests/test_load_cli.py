@@ -8,7 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from latency_analyzer.analysis import Tags, WaterfallSet
+from latency_analyzer.cli import main as cli_main
 from latency_analyzer.load.cli import add_compare_parser, add_run_parser
+from latency_analyzer.report._synthetic import synthetic
 from latency_analyzer.testing import LLMServer
 
 
@@ -44,7 +47,8 @@ def test_run_toml_then_compare_with_a_claim(
         assert out["counts"]["warmup"] == 2
         flags = ["run", "--url", f"{b.url}/v1/chat/completions", "--requests", "30"]
         assert _main([*flags, "--concurrency", "2", "--out", str(fast)]) == 0
-        assert "ttft ms" in capsys.readouterr().out
+        ttft = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("ttft "))
+        assert ttft.split()[1:3] == ["ms", "30"]  # its unit and its sample count
     # ttft: 20 ms vs 5 ms header delay plus ~1 ms of client/loopback each: about 3.5×, not 15×
     code = _main(["compare", str(slow), str(fast), "--claim", "15", "--metric", "ttft_p50"])
     text = capsys.readouterr().out
@@ -61,3 +65,23 @@ def test_run_preset_fault_injection(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert code == 1  # the outage made requests fail
     assert out["outage"]["errors"] > 0
     assert out["outage"]["recovery_s"] == pytest.approx(out["outage"]["injected_s"], rel=0.2)
+
+
+def test_compare_cli_pairs_by_position_when_names_differ(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    paths = []
+    for name, wait in (("vendor-a", 30.0), ("vendor-b", 10.0)):
+        path = tmp_path / f"{name}.jsonl"
+        with WaterfallSet(path, meta={"scenario": {"name": name}}) as ws:
+            for i in range(20):
+                wf = synthetic(start_ms=50.0 * i, send=0.1, wait=wait, first_token=2.0)
+                ws.add(wf, Tags(scenario=name))
+        paths.append(str(path))
+    assert _main(["compare", *paths, "--json"]) == 0  # auto: pairs by position
+    auto = json.loads(capsys.readouterr().out)
+    assert _main(["compare", *paths, "--pair-by", "position", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == auto
+    assert cli_main(["compare", *paths, "--pair-by", "name"]) == 2
+    err = capsys.readouterr().err
+    assert "share no scenario name" in err and "vendor-a" in err and "vendor-b" in err

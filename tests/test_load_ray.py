@@ -26,7 +26,7 @@ import pytest
 from latency_analyzer import UsageError
 from latency_analyzer.analysis import WaterfallSet
 from latency_analyzer.load import Scenario, run
-from latency_analyzer.load._ray import (
+from latency_analyzer.load.distributed import (
     RayRun,
     WorkerReport,
     expected_requests,

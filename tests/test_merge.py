@@ -85,12 +85,28 @@ def test_no_spans_is_no_server_data_not_zero() -> None:
     assert merged.root == _waterfall().root
 
 
-def test_a_server_longer_than_the_client_saw_fits_no_offset() -> None:
+def test_a_server_done_later_than_the_client_saw_degrades_the_merge() -> None:
     wf = _waterfall()
     merged = merge(wf, map_request([_vllm(0.0, e2e=0.400)], CLIENT))
+    a = merged.attributes
+    assert a["server.status"] == MERGED and a["server.contradicted"] == "done"
+    # first-token bound −0.5 ms, arrival +2 ms: offset +0.75 ms; done at 412 ms vs 176 ms
+    assert a["server.offset_ns"] == 750_000
+    assert a["server.contradicted.done_ns"] == 236 * MS - 750_000
+    assert a["server.offset_uncertainty_ns"] == a["server.contradicted.done_ns"]
+    assert a["server.unplaced_ns"] > 0  # type: ignore[operator]  # postprocess past the end
+    assert_exact(merged)
+
+
+def test_a_server_longer_than_the_client_saw_at_every_bound_fits_no_offset() -> None:
+    wf = _waterfall()
+    span = _vllm(0.0, e2e=0.400)
+    late = {**span.attributes, "gen_ai.latency.time_to_first_token": 0.300}
+    merged = merge(wf, map_request([dataclasses.replace(span, attributes=late)], CLIENT))
     assert merged.attributes["server.status"] == NO_OFFSET_FITS
     assert merged.root == wf.root  # nothing shifted outside its bracket
     assert merged.attributes["server.bracket_lo_ns"] > merged.attributes["server.bracket_hi_ns"]  # type: ignore[operator]
+    assert "contradicts every later bound" in str(merged.attributes["server.reason"])
 
 
 def test_a_shared_offset_outside_the_requests_bracket_is_clamped_and_said() -> None:

@@ -43,8 +43,11 @@ def test_public_names_are_pinned() -> None:
     assert sorted(testing.__all__) == sorted(
         [
             "FAULTS",
+            "ALPNLLMServer",
             "H2LLMServer",
             "H2StreamRecord",
+            "Handshake",
+            "TestBed",
             "SERVER_NAMES",
             "Behavior",
             "DNSQuery",
@@ -208,6 +211,7 @@ async def test_health_and_models(llm: LLMServer) -> None:
 # --- LLM server: timing ground truth ---------------------------------------------------
 
 
+@pytest.mark.usefixtures("realtime")
 async def test_records_match_the_injected_delays() -> None:
     # Medians over 3 requests: a loaded CI host may preempt the process now and then.
     knobs = {"header_delay": 0.010, "queue": 0.005, "prefill": 0.015, "decode": 0.004}
@@ -405,6 +409,7 @@ async def _median_resolve_ns(resolver: dns.asyncresolver.Resolver) -> float:
     return statistics.median(elapsed)
 
 
+@pytest.mark.usefixtures("realtime")
 async def test_dns_delay_is_recovered_within_1_ms() -> None:
     async with DNSServer(delay=0.0) as server:
         resolver = _resolver(server)
@@ -507,6 +512,7 @@ async def _rtts(port: int, count: int = 10) -> list[int]:
     return rtts
 
 
+@pytest.mark.usefixtures("realtime")
 async def test_delay_proxy_adds_two_one_way_delays_per_round_trip() -> None:
     echo = await asyncio.start_server(_echo, "127.0.0.1", 0)
     echo_port = echo.sockets[0].getsockname()[1]

@@ -144,6 +144,7 @@ def compare(
     confidence: float = 0.95,
     resamples: int = 2000,
     seed: int = 0,
+    pair_by: str = "auto",
 ) -> Comparison:
     """Speedup (baseline / candidate) per scenario, metric/stage and statistic, plus overall.
 
@@ -157,12 +158,17 @@ def compare(
             speedups (resample by resample, so it has a CI too). With one scenario (or none
             named), overall is that scenario's speedup.
         confidence, resamples, seed: of the bootstrap.
+        pair_by: how scenarios of the two runs are paired: ``"name"`` (the same scenario
+            name), ``"position"`` (first with first, second with second, in the order they
+            first appear; for two runs of one scenario under different names) or ``"auto"``
+            (by name when the runs share one, else by position).
+
+    Raises:
+        UsageError: nothing to pair (no shared name; by position, different counts).
     """
     names = list(metrics or _default_metrics(baseline, candidate))
-    bgroups, cgroups = _scenarios(baseline), _scenarios(candidate)
-    shared = [g for g in bgroups if g in cgroups]
-    if not shared:
-        raise UsageError("the two sets share no scenario to compare")
+    bgroups, cgroups = _pair(_scenarios(baseline), _scenarios(candidate), pair_by)
+    shared = list(bgroups)
     w = _weights(weights, {g: len(bgroups[g]) for g in shared})
     rows: list[Speedup] = []
     for name in names:
@@ -206,10 +212,36 @@ def _default_metrics(a: WaterfallSet, b: WaterfallSet) -> list[str]:
 
 
 def _scenarios(ws: WaterfallSet) -> dict[str, WaterfallSet]:
-    labels = {lab for lab in ws.labels("scenario")}
+    """The set's scenarios by name, in the order they first appear."""
+    labels = list(dict.fromkeys(ws.labels("scenario")))
     if len(labels) <= 1:
         return {str(next(iter(labels), None) or "all"): ws}
-    return {str(k): v for k, v in ws.group_by("scenario").items()}
+    groups = {str(k): v for k, v in ws.group_by("scenario").items()}
+    return {str(k): groups[str(k)] for k in labels if str(k) in groups}
+
+
+Groups = dict[str, WaterfallSet]
+
+
+def _pair(b: Groups, c: Groups, pair_by: str) -> tuple[Groups, Groups]:
+    """The scenarios to compare, under one label per pair."""
+    if pair_by not in ("auto", "name", "position"):
+        raise UsageError(f"pair_by must be 'auto', 'name' or 'position', not {pair_by!r}")
+    shared = [g for g in b if g in c]
+    if pair_by == "name" or (pair_by == "auto" and shared):
+        if not shared:
+            raise UsageError(
+                f"the two sets share no scenario name (baseline: {', '.join(b)}; candidate: "
+                f"{', '.join(c)}); pair them by position instead"
+            )
+        return {g: b[g] for g in shared}, {g: c[g] for g in shared}
+    if len(b) != len(c):
+        raise UsageError(
+            f"cannot pair by position: the baseline has {len(b)} scenarios ({', '.join(b)}), "
+            f"the candidate {len(c)} ({', '.join(c)})"
+        )
+    labels = [bn if bn == cn else f"{bn} vs {cn}" for bn, cn in zip(b, c, strict=True)]
+    return dict(zip(labels, b.values(), strict=True)), dict(zip(labels, c.values(), strict=True))
 
 
 def _weights(given: Mapping[str, float] | None, counts: Mapping[str, int]) -> dict[str, float]:
@@ -250,6 +282,7 @@ def check_claim(
     confidence: float = 0.95,
     seed: int = 0,
     weights: Mapping[str, float] | None = None,
+    pair_by: str = "auto",
 ) -> ClaimCheck:
     """Is "candidate is ``claimed``× faster on ``metric``" borne out by the measurements?
 
@@ -265,6 +298,7 @@ def check_claim(
         confidence=confidence,
         seed=seed,
         weights=weights,
+        pair_by=pair_by,
     )
     r = comp.get(metric).ratio
     if claimed <= r.low:

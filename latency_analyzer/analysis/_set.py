@@ -28,6 +28,7 @@ import numpy.typing as npt
 from .._jsonl import JsonlWriter
 from ..errors import UsageError
 from ..timeline import Waterfall
+from ..timeline._display import present
 from ._columns import CATEGORICAL, COUNT_METRICS, TIME_METRICS, Columns, Tags, row_of, stage_order
 from ._stats import PERCENTILES, Estimate, mean_ci, percentiles_ci
 
@@ -332,23 +333,19 @@ class WaterfallSet:
             "span_s": span,
         }
 
-    # -- presentation, loaded on first use --
+    # -- presentation: registered by the layers that draw and diagnose --
     def plot(self, **kwargs: Any) -> Any:
         """Attribution bars, TTFT/ITL distributions and latency over time (``[plots]``)."""
-        from ..report.plot import plot_set
-
-        return plot_set(self, **kwargs)
+        return present("set.plot", self, **kwargs)
 
     def diagnose(self, **kwargs: Any) -> list[Any]:
         """Findings over the whole set, most time at stake first."""
-        from ..diagnose import diagnose_set
-
-        return diagnose_set(self, **kwargs)
+        result: list[Any] = present("set.diagnose", self, **kwargs)
+        return result
 
     def _repr_html_(self) -> str:
-        from ..report.html import set_html
-
-        return set_html(self)
+        html: str = present("set.html", self)
+        return html
 
     def summary(self, **kwargs: Any) -> Summary:
         """Percentiles with CIs for every metric and stage, counts and throughput."""

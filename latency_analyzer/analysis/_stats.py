@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from .._rank import nearest_rank
 from ..errors import UsageError
 
 __all__ = [
@@ -79,13 +80,6 @@ class Estimate:
         return self.format()
 
 
-def _rank(p: float, n: int) -> int:
-    """0-based index of the nearest-rank P(p) among n sorted values."""
-    if not 0 <= p <= 100:
-        raise UsageError(f"percentile must be within [0, 100], got {p}")
-    return min(n - 1, max(0, math.ceil(p / 100 * n) - 1))
-
-
 def order_stats(values: npt.NDArray[np.generic], indices: IntArray) -> FloatArray:
     """The order statistics of ``values`` at 0-based ``indices`` without a full sort.
 
@@ -109,12 +103,12 @@ def percentile(values: npt.ArrayLike, p: float) -> float:
     arr = np.asarray(values)
     if arr.size == 0:
         return math.nan
-    return float(order_stats(arr, np.array([_rank(p, arr.size)]))[0])
+    return float(order_stats(arr, np.array([nearest_rank(p, arr.size)]))[0])
 
 
 def bootstrap_indices(n: int, p: float, resamples: int, rng: np.random.Generator) -> IntArray:
     """0-based indices of P(p) in ``resamples`` bootstrap resamples of n sorted values."""
-    k = _rank(p, n) + 1
+    k = nearest_rank(p, n) + 1
     u = rng.beta(k, n - k + 1, size=resamples)
     return np.clip(np.ceil(u * n).astype(np.int64) - 1, 0, n - 1)
 
@@ -150,7 +144,7 @@ def percentiles_ci(
     ranks: list[int] = []
     for p in ps:
         boot = np.sort(bootstrap_indices(n, p, resamples, rng))
-        ranks += [_rank(p, n), int(boot[i_lo]), int(boot[i_hi])]
+        ranks += [nearest_rank(p, n), int(boot[i_lo]), int(boot[i_hi])]
     stats = order_stats(arr, np.array(ranks, dtype=np.int64))
     return {
         p: Estimate(
@@ -281,7 +275,7 @@ class LogHistogram:
         total = self.total
         if total == 0:
             return math.nan
-        bucket = int(np.searchsorted(np.cumsum(self.counts), _rank(p, total) + 1))
+        bucket = int(np.searchsorted(np.cumsum(self.counts), nearest_rank(p, total) + 1))
         if bucket == 0:
             return 0.0
         lo = math.exp((bucket - 1) * self._log_base)

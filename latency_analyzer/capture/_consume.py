@@ -68,6 +68,10 @@ class _Tokens:
         return step
 
 
+def _tokens_in(events: list[Event]) -> int:
+    return sum(1 for ev in events if type(ev) is ChunkReceived and ev.carries_token)
+
+
 class ResponseConsumer:
     """Interprets one response body as it arrives.
 
@@ -105,9 +109,12 @@ class ResponseConsumer:
         return self._parser is not None
 
     def feed(self, data: bytes, time_ns: int) -> None:
-        """Body bytes that arrived at ``time_ns``."""
+        """Body bytes that arrived at ``time_ns`` (one read's bytes, or part of one)."""
         if self._parser is not None:
-            self._apply(self._parser.feed(data, time_ns))
+            events = self._parser.feed(data, time_ns)
+            if len(events) > 1 and _tokens_in(events) > 1:  # one read, several tokens
+                self._state.recorder.multi_event_read()
+            self._apply(events)
         elif len(self._body) < self._cap:
             self._body += data[: self._cap - len(self._body)]
 

@@ -8,7 +8,7 @@ import ssl
 import aiohttp
 
 from ..timeline import Recorder
-from .http2 import HTTP2Refused
+from .http2 import HTTP2Refused, HTTP2SettleTimeout
 
 __all__ = ["classify"]
 
@@ -26,6 +26,8 @@ def classify(exc: BaseException, recorder: Recorder, timeout: float | None) -> t
     """Name the failure (``Waterfall.error_type``) and describe it for a person."""
     if isinstance(exc, HTTP2Refused):
         return "alpn", str(exc)
+    if isinstance(exc, HTTP2SettleTimeout):
+        return "h2_setup", str(exc)
     if isinstance(exc, aiohttp.ClientConnectorDNSError):
         return "dns", str(exc.os_error)
     if isinstance(exc, (aiohttp.ClientConnectorCertificateError, aiohttp.ClientSSLError)):

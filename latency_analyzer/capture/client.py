@@ -24,8 +24,9 @@ from ..timeline import ConnectionInfo, Recorder, Waterfall
 from ._consume import ResponseConsumer, note_server_headers
 from ._errors import classify
 from ._state import CURRENT, RequestState, TraceHook, now_ns
+from ._tcpinfo import tcp_info_of
 from .connector import TimedConnector, TimedProtocol
-from .http2 import H2Connection, H2Pool, HandoffToHTTP2
+from .http2 import H2Connection, H2Pool, H2Stream, HandoffToHTTP2
 from .propagation import inject
 from .resolver import DnsResolver
 
@@ -97,6 +98,9 @@ class Client:
             knowledge ``h2c`` for ``http://``). None (default): for ``https://`` offer
             ``h2,http/1.1`` and use what the server picks; HTTP/1.1 for ``http://``. The TLS
             context's ALPN list is set to match (a context you pass in is changed so).
+        h2_settle_timeout: seconds a new HTTP/2 connection may take to send its SETTINGS.
+            Past it the connection is closed and leaves the pool, and its requests fail with
+            ``error_type="h2_setup"``.
     """
 
     def __init__(
@@ -113,12 +117,14 @@ class Client:
         trace: TraceHook | None = None,
         dns_timeout: float = 5.0,
         http2: bool | None = None,
+        h2_settle_timeout: float = 10.0,
     ) -> None:
         self.base_url = base_url
         self.timeout = timeout
         self.dns_timeout = min(dns_timeout, timeout)
         self._resolver_spec = resolver
         self.http2 = http2
+        self.h2_settle_timeout = h2_settle_timeout
         self._ssl = _tls_context(ssl, insecure, http2)
         self._h2 = H2Pool()
         self._limit = limit
@@ -210,6 +216,8 @@ class Client:
             state.fail(kind, message, failed_at)
         finally:
             CURRENT.reset(token)
+            if recorder.tcp_end is None and state.protocol is not None:  # failed: if still open
+                recorder.tcp_end = tcp_info_of(state.protocol.transport)
             if state.protocol is not None and state.protocol.state is state:
                 state.protocol.detach()
         if recorder.interrupted or state.body_end_ns is None:
@@ -254,17 +262,22 @@ class Client:
             # settled as soon as ALPN is known, not when this request's body ends: others
             # waiting on this dial must not queue behind a whole HTTP/1.1 response
             state.alpn_settled = lambda: self._h2.end_dial(origin, None, http1=True)
+
+            # called by the connector as soon as the TLS handshake chose h2
+            state.h2_open = _H2Dial(self, state, origin, method, url, json, data, headers).open
         try:
             # aiohttp's own timeout (no extra task per request), for the time left, exact
             # (above ceil_threshold aiohttp rounds a timeout up to the next whole second)
             timer = aiohttp.ClientTimeout(total=_left(deadline), ceil_threshold=1e9)
             await self._exchange(state, method, url, json, data, headers, timer)
         except HandoffToHTTP2 as handoff:
-            conn = H2Connection(handoff.transport, handoff.tls, handoff.peer)
-            conn.start(state, handoff.early)
-            self._h2.end_dial(origin, conn)
             dialler = False
-            await self._h2_exchange(state, conn, method, url, json, data, headers, deadline, True)
+            if handoff.conn is None:  # the connector did not open it
+                _H2Dial(self, state, origin, method, url, json, data, headers).open(handoff)
+            assert handoff.conn is not None and handoff.stream is not None
+            await self._h2_exchange(
+                state, handoff.conn, method, url, json, data, headers, deadline, handoff.stream
+            )
         finally:
             if dialler:  # no HTTP/2 from this dial: HTTP/1.1 chosen, or the dial failed
                 http1 = state.recorder.http_version is not None
@@ -280,24 +293,30 @@ class Client:
         data: bytes | str | None,
         headers: Mapping[str, str] | None,
         deadline: int,
-        opened_it: bool = False,
+        opened: H2Stream | None = None,
     ) -> None:
+        """One request on ``conn``: a stream ``_H2Dial.open`` already sent, or a new one."""
         rec = state.recorder
         rec.http_version, rec.tls = "2", conn.tls
         rec.connection = ConnectionInfo(
-            reused=not opened_it,
+            reused=opened is None,
             connection_id=conn.connection_id,
             peer=conn.peer,
             requests_before=conn.requests_served,
         )
-        if not opened_it and not rec.is_open("pool_wait"):
+        if opened is not None:
+            try:
+                await asyncio.wait_for(conn.run_stream(opened), _left(deadline))
+            finally:
+                conn.abandon(opened)  # nothing left to do unless run_stream never started
+            return
+        if not rec.is_open("pool_wait"):
             state.begin("pool_wait", now_ns())
         body, fields = _h2_request_parts(self._headers, headers, json, data)
-        parts = urlsplit(url)
-        target = (parts.scheme, parts.netloc.rsplit("@", 1)[-1], _path(parts))
+        target = _h2_target(url)
 
         async def run() -> None:
-            await conn.ready()
+            await conn.ready()  # the server's stream limit is known before we add a stream
             await conn.acquire_slot()
             if rec.is_open("pool_wait"):
                 state.end("pool_wait", now_ns())
@@ -335,6 +354,45 @@ class Client:
                 else:
                     consumer.feed(data, 0)
             consumer.close(state.body_end_ns or now_ns())
+            rec.tcp_end = tcp_info_of(proto.transport)
+
+
+class _H2Dial:
+    """The request dialling a new connection that may turn out to be HTTP/2.
+
+    The connector calls :meth:`open` the moment the TLS handshake chose ``h2`` (in
+    ``connection_made``). The request does not wait for the server's SETTINGS (RFC 9113 §3.4
+    lets a client send right after its preface, and curl and browsers do): preface, SETTINGS
+    and HEADERS leave in one write.
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        state: RequestState,
+        origin: str,
+        method: str,
+        url: str,
+        json: Any,
+        data: bytes | str | None,
+        headers: Mapping[str, str] | None,
+    ) -> None:
+        self.client, self.state, self.origin = client, state, origin
+        self.request = (method, url, json, data, headers)
+
+    def open(self, handoff: HandoffToHTTP2) -> None:
+        """Pool the new connection and send the request on it."""
+        client, state = self.client, self.state
+        method, url, json, data, headers = self.request
+        conn = H2Connection(handoff.transport, handoff.tls, handoff.peer, client.h2_settle_timeout)
+        handoff.conn = conn
+        conn.start(state)
+        try:
+            body, fields = _h2_request_parts(client._headers, headers, json, data)
+            handoff.stream = conn.open_stream(state, method, _h2_target(url), fields, body)
+        finally:
+            conn.resume(handoff.early)
+            client._h2.end_dial(self.origin, conn)
 
 
 def _left(deadline_ns: int) -> float:
@@ -343,6 +401,12 @@ def _left(deadline_ns: int) -> float:
 
 def _path(parts: SplitResult) -> str:
     return (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+
+
+def _h2_target(url: str) -> tuple[str, str, str]:
+    """``(:scheme, :authority, :path)`` of an HTTP/2 request (user info left out)."""
+    parts = urlsplit(url)
+    return parts.scheme, parts.netloc.rsplit("@", 1)[-1], _path(parts)
 
 
 def _h2_request_parts(

@@ -6,23 +6,38 @@ connector (DNS, TCP, TLS with ALPN) and, when ALPN settles on ``h2`` (or for pri
 
 * ``h2_setup``: client preface + SETTINGS written → the server's SETTINGS received (the ACK of
   ours is kept as the attribute ``settings_ack_ms``). Only the stream that opened the
-  connection has it, with dns/connect/tls.
+  connection has it, with dns/connect/tls. That stream does not wait for the server's
+  SETTINGS: its HEADERS follow our preface at once (RFC 9113 §3.4 allows it, as curl and
+  browsers do), so ``h2_setup`` overlaps its ``send`` and ``wait`` and is attributed only the
+  time no other stage covers. The request goes out under the protocol's initial settings;
+  SETTINGS that then lower the stream window are applied by ``h2`` to the open stream (its
+  window may go negative: we wait for WINDOW_UPDATE), the frame size cannot go below the
+  initial 16 KiB, and other streams wait for the SETTINGS before they open, so the server's
+  stream limit is known first.
 * ``pool_wait``: a stream waiting for the connection to be ready or for a free stream slot
   under the server's ``SETTINGS_MAX_CONCURRENT_STREAMS``.
 * ``send``: HEADERS written → the last DATA frame written and out of our buffer; time blocked
   on flow control is kept as ``flow_control_wait_ms``.
-* response: HEADERS, DATA and END_STREAM stamped in ``data_received`` and fed to the same
-  ``ResponseConsumer`` as HTTP/1.1.
+* response: HEADERS, DATA and END_STREAM stamped with the kernel's receive time of the read
+  that brought them (the socket's stamp, read in ``data_received``) and fed to the same
+  ``ResponseConsumer`` as HTTP/1.1; each stream with an event in a read notes its read lag.
 
 GOAWAY ends the streams the server will not process (``last_stream_id`` and above) with an
 error and refuses new ones; RST_STREAM ends its stream only.
+
+Isolation: a response that breaks our handling of it (a ``:status`` that is not a number, a
+body its parser cannot take) fails its own stream, which is reset; the other streams go on.
+A connection that GOAWAYs, errs, closes or sends no SETTINGS within the settle bound leaves
+the pool at once, and closes as soon as it carries no stream (at once when it never settled).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import h2.config
@@ -34,8 +49,16 @@ import h2.exceptions
 from ..timeline import TlsInfo
 from ._consume import ResponseConsumer, note_server_headers
 from ._state import RequestState, now_ns
+from ._wire import wire_of
 
-__all__ = ["H2Connection", "H2Pool", "HTTP2Refused", "HandoffToHTTP2"]
+__all__ = [
+    "H2Connection",
+    "H2Pool",
+    "H2Stream",
+    "HTTP2Refused",
+    "HTTP2SettleTimeout",
+    "HandoffToHTTP2",
+]
 
 _HOP_BY_HOP = {
     "connection",
@@ -48,7 +71,11 @@ _HOP_BY_HOP = {
 
 
 class HandoffToHTTP2(Exception):
-    """Raised by the connector once a connection is ready for HTTP/2 (never leaves capture)."""
+    """Raised by the connector once a connection is ready for HTTP/2 (never leaves capture).
+
+    When the dialling request could be opened on it before the raise (``RequestState.h2_open``),
+    ``conn`` and ``stream`` are that connection and the request's stream, already sent.
+    """
 
     def __init__(
         self,
@@ -62,10 +89,16 @@ class HandoffToHTTP2(Exception):
         self.tls = tls
         self.peer = peer
         self.early = early  # (bytes, arrival ns) received before the hand-over
+        self.conn: H2Connection | None = None
+        self.stream: H2Stream | None = None
 
 
 class HTTP2Refused(Exception):
     """``http2=True`` but the server's ALPN choice was not ``h2``."""
+
+
+class HTTP2SettleTimeout(ConnectionError):
+    """The server sent no SETTINGS within the settle bound: the connection was closed."""
 
 
 class _GoAwayFilter:
@@ -114,16 +147,35 @@ class _GoAwayFilter:
         return bytes(out), goaways
 
 
-class _Stream:
-    __slots__ = ("consumer", "done", "ended", "flow_wait_ns", "last_write_ns", "state")
+class H2Stream:
+    """One request stream: opened (HEADERS sent) by ``open_stream``, then ``run_stream``."""
 
-    def __init__(self, state: RequestState, loop: asyncio.AbstractEventLoop) -> None:
+    __slots__ = (
+        "body",
+        "consumer",
+        "done",
+        "ended",
+        "flow_wait_ns",
+        "last_write_ns",
+        "read_ns",
+        "running",
+        "state",
+        "stream_id",
+    )
+
+    def __init__(
+        self, state: RequestState, loop: asyncio.AbstractEventLoop, stream_id: int
+    ) -> None:
         self.state = state
+        self.stream_id = stream_id
+        self.body = memoryview(b"")  # request body bytes not sent yet
         self.consumer: ResponseConsumer | None = None
         self.done: asyncio.Future[None] = loop.create_future()
         self.ended = False
+        self.running = False
         self.last_write_ns = 0
         self.flow_wait_ns = 0
+        self.read_ns = 0  # userspace instant of the last read noted on this stream
 
     def finish(self) -> None:
         self.ended = True
@@ -131,10 +183,25 @@ class _Stream:
             self.done.set_result(None)
 
 
+def _request_fields(
+    method: str, target: tuple[str, str, str], headers: Sequence[tuple[str, str]]
+) -> list[tuple[str, str]]:
+    scheme, authority, path = target
+    pseudo = [(":method", method), (":scheme", scheme), (":authority", authority), (":path", path)]
+    lowered = ((k.lower(), v) for k, v in headers)
+    return pseudo + [(k, v) for k, v in lowered if k not in _HOP_BY_HOP]
+
+
 class H2Connection(asyncio.Protocol):
     """One HTTP/2 connection carrying many concurrent request streams."""
 
-    def __init__(self, transport: asyncio.Transport, tls: TlsInfo | None, peer: str | None) -> None:
+    def __init__(
+        self,
+        transport: asyncio.Transport,
+        tls: TlsInfo | None,
+        peer: str | None,
+        settle_timeout: float = 10.0,
+    ) -> None:
         self._loop = asyncio.get_running_loop()
         self.transport = transport
         self.tls = tls
@@ -144,30 +211,49 @@ class H2Connection(asyncio.Protocol):
         self._h2 = h2.connection.H2Connection(
             config=h2.config.H2Configuration(client_side=True, header_encoding=None)
         )
-        self._streams: dict[int, _Stream] = {}
+        self._streams: dict[int, H2Stream] = {}
         self._goaways = _GoAwayFilter()
         self._slot_waiters: deque[asyncio.Future[None]] = deque()
         self._window_waiters: list[asyncio.Future[None]] = []
         self._settings: asyncio.Future[None] = self._loop.create_future()
         self._setup_state: RequestState | None = None
+        self._preface_queued = False
         self._preface_ns = 0
+        self._settle_timeout = settle_timeout
+        self._settle_timer: asyncio.TimerHandle | None = None
         self.backlog = False
+        self._wire = wire_of(transport)
+        self._read_user_ns = 0  # when the read being processed was made (0: not a socket read)
         self.closing: str | None = None  # why no new stream may start (GOAWAY, lost)
+        self.on_closing: Callable[[H2Connection], None] | None = None  # the pool lets it go
         self.closed: asyncio.Future[None] = self._loop.create_future()  # connection_lost
         transport.set_protocol(self)
         transport.set_write_buffer_limits(high=1, low=0)  # resume_writing = backlog drained
 
     # -- setup --
-    def start(self, state: RequestState, early: Sequence[tuple[bytes, int]] = ()) -> None:
-        """Write the client preface and SETTINGS; ``state`` gets the ``h2_setup`` stage."""
+    def start(self, state: RequestState) -> None:
+        """Queue the client preface and SETTINGS; ``state`` gets ``h2_setup`` from when they
+        are written: with the first stream's HEADERS (one write) or by :meth:`resume`."""
         self._setup_state = state
         self._h2.initiate_connection()
-        self._preface_ns = now_ns()
-        state.begin("h2_setup", self._preface_ns)
+        self._preface_queued = True
+        self._settle_timer = self._loop.call_later(self._settle_timeout, self._never_settled)
+
+    def resume(self, early: Sequence[tuple[bytes, int]] = ()) -> None:
+        """Write what is queued, take the bytes that came before the hand-over, read on."""
+        self._preface_written(now_ns())
         self._flush()
         for data, t in early:  # the server's SETTINGS may have come with the handshake
             self._receive(data, t)
         self.transport.resume_reading()
+
+    def _preface_written(self, t: int) -> None:
+        """The preface goes out in the write about to happen: ``h2_setup`` starts."""
+        if self._preface_queued:
+            self._preface_queued = False
+            self._preface_ns = t
+            if self._setup_state is not None:
+                self._setup_state.begin("h2_setup", t)
 
     async def ready(self) -> None:
         """Wait until the server's SETTINGS arrived (max concurrent streams known)."""
@@ -208,57 +294,87 @@ class H2Connection(asyncio.Protocol):
         body: bytes,
     ) -> None:
         """Run one request stream to its end; marks go to ``state``'s recorder."""
-        stream = _Stream(state, self._loop)
-        stream_id = self._h2.get_next_available_stream_id()
-        self._streams[stream_id] = stream
-        try:
-            await self._send(stream_id, stream, method, target, headers, body)
-            if state.recorder.is_open("send"):  # every byte is out: the request is sent
-                state.end("send", stream.last_write_ns or now_ns(), **_flow(stream))
-            await stream.done
-        except BaseException:
-            self._cancel(stream_id)
-            raise
-        finally:
-            self._streams.pop(stream_id, None)
-            self.requests_served += 1
-            self._wake_slot()
+        await self.run_stream(self.open_stream(state, method, target, headers, body))
 
-    async def _send(
+    def open_stream(
         self,
-        stream_id: int,
-        stream: _Stream,
+        state: RequestState,
         method: str,
         target: tuple[str, str, str],
         headers: Sequence[tuple[str, str]],
         body: bytes,
-    ) -> None:
-        scheme, authority, path = target
-        pseudo = [
-            (":method", method),
-            (":scheme", scheme),
-            (":authority", authority),
-            (":path", path),
-        ]
-        fields = pseudo + [(k.lower(), v) for k, v in headers if k.lower() not in _HOP_BY_HOP]
-        stream.state.begin("send", now_ns())
-        self._h2.send_headers(stream_id, fields, end_stream=not body)
-        self._flush(stream)
-        view = memoryview(body)
-        while view and not stream.ended:
-            window = min(
-                self._h2.local_flow_control_window(stream_id), self._h2.max_outbound_frame_size
+    ) -> H2Stream:
+        """Open a stream and write its HEADERS and what the window takes of its body, now.
+
+        A preface still queued goes in the same write. :meth:`run_stream` does the rest.
+        """
+        stream = H2Stream(state, self._loop, self._h2.get_next_available_stream_id())
+        self._streams[stream.stream_id] = stream
+        try:
+            fields = _request_fields(method, target, headers)
+            t = now_ns()
+            self._preface_written(t)
+            state.begin("send", t)
+            self._h2.send_headers(stream.stream_id, fields, end_stream=not body)
+            stream.body = memoryview(body)
+            self._send_window(stream)
+            self._flush(stream)
+        except BaseException:
+            self._drop(stream)
+            raise
+        return stream
+
+    async def run_stream(self, stream: H2Stream) -> None:
+        """Send the rest of an opened stream's body and wait until its response ends."""
+        stream.running = True
+        state = stream.state
+        try:
+            await self._send_rest(stream)
+            if state.recorder.is_open("send"):  # every byte is out: the request is sent
+                state.end("send", stream.last_write_ns or now_ns(), **_flow(stream))
+            await stream.done
+        except BaseException:
+            self._cancel(stream.stream_id)
+            raise
+        finally:
+            self._drop(stream)
+
+    def abandon(self, stream: H2Stream) -> None:
+        """An opened stream whose :meth:`run_stream` never ran (its caller was cancelled)."""
+        if not stream.running and self._streams.get(stream.stream_id) is stream:
+            self._cancel(stream.stream_id)
+            self._drop(stream)
+
+    def _drop(self, stream: H2Stream) -> None:
+        if self._streams.pop(stream.stream_id, None) is not None:
+            self.requests_served += 1
+            self._wake_slot()
+            self._close_if_drained()
+
+    def _send_window(self, stream: H2Stream) -> None:
+        """Queue DATA frames of the body while the flow-control window has room."""
+        while stream.body and not stream.ended:
+            room = min(
+                self._h2.local_flow_control_window(stream.stream_id),
+                self._h2.max_outbound_frame_size,
             )
-            if window <= 0:
+            if room <= 0:
+                return
+            chunk, stream.body = stream.body[:room], stream.body[room:]
+            self._h2.send_data(stream.stream_id, bytes(chunk), end_stream=not stream.body)
+
+    async def _send_rest(self, stream: H2Stream) -> None:
+        """The body left after :meth:`open_stream`, as windows open and our buffer drains."""
+        while stream.body and not stream.ended:
+            shut = self._h2.local_flow_control_window(stream.stream_id) <= 0
+            if shut or self.backlog:
                 blocked = now_ns()
                 await self._wait_for_room()
-                stream.flow_wait_ns += now_ns() - blocked
+                if shut:  # time the peer's flow control held us, not our own send buffer
+                    stream.flow_wait_ns += now_ns() - blocked
                 continue
-            chunk, view = view[:window], view[window:]
-            self._h2.send_data(stream_id, bytes(chunk), end_stream=not view)
+            self._send_window(stream)
             self._flush(stream)
-            if self.backlog:
-                await self._wait_for_room()
 
     def _cancel(self, stream_id: int) -> None:
         stream = self._streams.get(stream_id)
@@ -270,13 +386,13 @@ class H2Connection(asyncio.Protocol):
                 pass
 
     # -- writing --
-    def _flush(self, stream: _Stream | None = None) -> None:
+    def _flush(self, stream: H2Stream | None = None) -> None:
         data = self._h2.data_to_send()
         if data and not self.transport.is_closing():
             self.transport.write(data)
             self.backlog = self.transport.get_write_buffer_size() > 0
             if stream is not None:
-                stream.last_write_ns = now_ns()
+                stream.last_write_ns = self._sent_ns()
 
     async def _wait_for_room(self) -> None:
         """Until a WINDOW_UPDATE arrives or our write backlog drains (either may let us send)."""
@@ -284,8 +400,16 @@ class H2Connection(asyncio.Protocol):
         self._window_waiters.append(waiter)
         await waiter
 
+    def _sent_ns(self) -> int:
+        """When the latest send syscall was entered (the socket's stamp), else now.
+
+        The kernel has the bytes from the syscall's start (on loopback they are delivered
+        inside it), while its return can be late by however long we were descheduled."""
+        wire = self._wire
+        return wire.send_start_ns if wire is not None and wire.send_start_ns else now_ns()
+
     def resume_writing(self) -> None:
-        drained = now_ns()
+        drained = self._sent_ns()
         self.backlog = False
         for stream in self._streams.values():
             if stream.state.recorder.is_open("send"):
@@ -310,21 +434,58 @@ class H2Connection(asyncio.Protocol):
 
     # -- reading --
     def data_received(self, data: bytes) -> None:
-        self._receive(data, now_ns())
+        wire = self._wire
+        if wire is None or not wire.read_user_ns:
+            self._receive(data, now_ns())
+            return
+        self._read_user_ns = wire.read_user_ns
+        try:
+            self._receive(data, wire.read_kernel_ns)
+        finally:
+            self._read_user_ns = 0
+
+    def _note_read(self, stream: H2Stream, t: int) -> None:
+        """The stream got bytes from the read being processed: its lag is noted once per read."""
+        wire, user = self._wire, self._read_user_ns
+        if wire is not None and user and stream.read_ns != user:
+            stream.read_ns = user
+            stream.state.recorder.read(t, user, wire.read_stamped, wire.refused)
 
     def _receive(self, data: bytes, t: int) -> None:
-        data, goaways = self._goaways.feed(data)
-        for last_stream_id, code in goaways:
-            self._on_goaway(last_stream_id, code, t)
         try:
-            events = self._h2.receive_data(data)
-        except h2.exceptions.ProtocolError as exc:
-            self._lose(f"HTTP/2 protocol error: {exc}", t)
-            self.transport.close()
+            data, goaways = self._goaways.feed(data)
+            for last_stream_id, code in goaways:
+                self._on_goaway(last_stream_id, code, t)
+            try:
+                events = self._h2.receive_data(data)
+            except h2.exceptions.ProtocolError as exc:
+                self._lose(f"HTTP/2 protocol error: {exc}", t)
+                self.transport.close()
+                return
+            for event in events:
+                try:
+                    self._on_event(event, t)
+                except Exception as exc:  # a response we cannot handle fails its stream alone
+                    self._stream_failed(getattr(event, "stream_id", None), exc, t)
+            self._flush()
+        except Exception as exc:  # our own bug: end this connection, not the event loop's
+            self._lose(f"HTTP/2 client error: {type(exc).__name__}: {exc}", t)
+            self.transport.abort()
+
+    def _stream_failed(self, stream_id: int | None, exc: Exception, t: int) -> None:
+        """Handling a frame of ``stream_id`` raised: fail and reset that stream only."""
+        if not stream_id:  # connection-level: nothing on it can be trusted any more
+            raise exc
+        stream = self._streams.get(stream_id)
+        if stream is None or stream.ended:
             return
-        for event in events:
-            self._on_event(event, t)
-        self._flush()
+        if isinstance(exc, _BadResponse):
+            stream.state.fail("protocol", f"invalid HTTP/2 response: {exc}", t)
+        else:
+            stream.state.fail("error", f"{type(exc).__name__}: {exc}", t)
+        stream.finish()
+        with contextlib.suppress(h2.exceptions.H2Error):  # it may have ended on the wire
+            self._h2.reset_stream(stream_id, h2.errors.ErrorCodes.PROTOCOL_ERROR)
 
     def _on_event(self, event: h2.events.Event, t: int) -> None:
         if isinstance(event, h2.events.DataReceived):
@@ -341,16 +502,18 @@ class H2Connection(asyncio.Protocol):
             self._on_settings(t)
         elif isinstance(event, h2.events.SettingsAcknowledged):
             self._on_settings_ack(t)
-        elif isinstance(event, h2.events.ConnectionTerminated):  # not reached: filtered out
-            self._on_goaway(event.last_stream_id or 0, event.error_code, t)
 
     def _on_headers(self, event: h2.events.ResponseReceived, t: int) -> None:
         stream = self._streams.get(event.stream_id)
         if stream is None:
             return
         fields = {bytes(k).lower(): bytes(v) for k, v in event.headers or ()}
-        status = int(fields.get(b":status", b"0"))
+        raw_status = fields.get(b":status", b"")
+        if len(raw_status) != 3 or not raw_status.isdigit():
+            raise _BadResponse(f":status {raw_status[:16]!r} is not a three-digit status code")
+        status = int(raw_status)
         rec = stream.state.recorder
+        self._note_read(stream, t)
         if rec.is_open("send"):
             backlog = {"backlog_at_headers": True} if self.backlog else {}
             stream.state.end("send", stream.last_write_ns or t, **_flow(stream), **backlog)
@@ -365,6 +528,7 @@ class H2Connection(asyncio.Protocol):
         self._h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
         stream = self._streams.get(event.stream_id)
         if stream is not None and stream.consumer is not None and event.data:
+            self._note_read(stream, t)
             stream.consumer.feed(bytes(event.data), t)
 
     def _on_end(self, stream_id: int, t: int) -> None:
@@ -385,6 +549,9 @@ class H2Connection(asyncio.Protocol):
         stream.finish()
 
     def _on_settings(self, t: int) -> None:
+        if self._settle_timer is not None:
+            self._settle_timer.cancel()
+            self._settle_timer = None
         state = self._setup_state
         if state is not None and state.recorder.is_open("h2_setup"):
             state.end("h2_setup", t, max_concurrent_streams=self.max_streams)
@@ -399,7 +566,7 @@ class H2Connection(asyncio.Protocol):
 
     def _on_goaway(self, last: int, error_code: Any, t: int) -> None:
         code = _code_name(_error_code(error_code))
-        self.closing = f"server sent GOAWAY ({code}, last stream {last})"
+        self._set_closing(f"server sent GOAWAY ({code}, last stream {last})")
         for stream_id, stream in list(self._streams.items()):
             if stream_id > last and not stream.ended:
                 stream.state.fail("goaway", f"{self.closing}: this stream was not processed", t)
@@ -407,23 +574,49 @@ class H2Connection(asyncio.Protocol):
         for waiter in self._slot_waiters:
             if not waiter.done():
                 waiter.set_result(None)
+        self._close_if_drained()
+
+    def _never_settled(self) -> None:
+        """The settle bound passed without the server's SETTINGS: give the connection up."""
+        self._settle_timer = None
+        reason = f"server sent no SETTINGS within {self._settle_timeout:g} s"
+        self._lose(reason, now_ns(), HTTP2SettleTimeout(f"HTTP/2 {reason}"), "h2_setup")
+        self.transport.abort()  # a peer that never spoke will not answer a TLS close either
+
+    def _set_closing(self, reason: str) -> None:
+        """No new stream may start here; the first reason is kept and the pool lets go."""
+        if self.closing is None:
+            self.closing = reason
+            if self.on_closing is not None:
+                self.on_closing(self)
+
+    def _close_if_drained(self) -> None:
+        """A connection no stream may start on closes once its last stream has ended."""
+        if self.closing is not None and not self._streams and not self.transport.is_closing():
+            self.transport.close()
 
     def connection_lost(self, exc: BaseException | None) -> None:
+        if self._settle_timer is not None:
+            self._settle_timer.cancel()
+            self._settle_timer = None
         reason = f"connection closed ({exc})" if exc else "connection closed by the server"
         self._lose(reason, now_ns())
         if not self.closed.done():
             self.closed.set_result(None)
 
-    def _lose(self, reason: str, t: int) -> None:
-        self.closing = self.closing or reason
+    def _lose(
+        self, reason: str, t: int, error: Exception | None = None, kind: str | None = None
+    ) -> None:
+        """End every stream (``kind``, or reset / disconnected by whether headers came)."""
+        self._set_closing(reason)
         if not self._settings.done():
-            self._settings.set_exception(ConnectionResetError(reason))
+            self._settings.set_exception(error or ConnectionResetError(reason))
             self._settings.exception()  # retrieved here: nobody may be waiting yet
         for stream in list(self._streams.values()):
             if not stream.ended:
                 got_headers = stream.state.recorder.headers_ns is not None
-                kind = "reset" if got_headers else "disconnected"
-                stream.state.fail(kind, f"HTTP/2 {reason}", t)
+                stream_kind = kind or ("reset" if got_headers else "disconnected")
+                stream.state.fail(stream_kind, f"HTTP/2 {reason}", t)
                 stream.finish()
         self._wake_windows()
         for waiter in self._slot_waiters:
@@ -431,7 +624,11 @@ class H2Connection(asyncio.Protocol):
                 waiter.set_result(None)
 
 
-def _flow(stream: _Stream) -> Mapping[str, float]:
+class _BadResponse(Exception):
+    """A response a stream cannot carry (its ``:status`` is not a status code)."""
+
+
+def _flow(stream: H2Stream) -> Mapping[str, float]:
     return {"flow_control_wait_ms": stream.flow_wait_ns / 1e6} if stream.flow_wait_ns else {}
 
 
@@ -455,14 +652,18 @@ class H2Pool:
     """
 
     def __init__(self) -> None:
-        self._conns: dict[str, H2Connection] = {}
+        self._conns: dict[str, H2Connection] = {}  # the connection new streams to an origin use
+        self._live: set[H2Connection] = set()  # every connection not yet closed, pooled or not
         self._dialling: dict[str, asyncio.Future[H2Connection | None]] = {}
         self._abandoned: set[str] = set()  # dials still running when the pool was closed
         self.http1_origins: set[str] = set()
 
     def get(self, origin: str) -> H2Connection | None:
         conn = self._conns.get(origin)
-        return conn if conn is not None and conn.usable else None
+        if conn is not None and not conn.usable:  # closed under us: it cannot stay
+            self._release(conn, origin)
+            return None
+        return conn
 
     def dialling(self, origin: str) -> asyncio.Future[H2Connection | None] | None:
         return self._dialling.get(origin)
@@ -482,11 +683,19 @@ class H2Pool:
             conn.transport.close()
         elif conn is not None:
             self._conns[origin] = conn
+            self._live.add(conn)
+            conn.on_closing = functools.partial(self._release, origin=origin)
+            conn.closed.add_done_callback(lambda _: self._live.discard(conn))
         elif http1:
             self.http1_origins.add(origin)
         future = self._dialling.pop(origin, None)
         if future is not None and not future.done():
             future.set_result(conn)
+
+    def _release(self, conn: H2Connection, origin: str) -> None:
+        """``conn`` takes no new streams (GOAWAY, error, never settled): out of the pool."""
+        if self._conns.get(origin) is conn:
+            del self._conns[origin]
 
     async def close(self, timeout: float = 2.0) -> None:
         """Close every connection and wait until each is closed (its socket released).
@@ -495,7 +704,7 @@ class H2Pool:
         does not answer within ``timeout`` seconds has its connection aborted. Without the
         wait, a loop that ends right after ``close`` would never release the socket.
         """
-        conns = list(self._conns.values())
+        conns = list(self._live | set(self._conns.values()))
         self._conns.clear()
         for conn in conns:
             conn.transport.close()

@@ -1,8 +1,14 @@
-"""A dnspython resolver for aiohttp: a chosen nameserver (``HOST:PORT``) or the system's.
+"""A resolver for aiohttp timed on the wire: a chosen nameserver (``HOST:PORT``) or the system's.
+
+Queries go over sockets of our own (:mod:`._dnswire`), so each lookup knows when its first
+query was handed to the kernel and when the kernel received the last answer it needed;
+dnspython only builds and parses the messages. A and AAAA are asked in parallel; a lost
+datagram is resent (each configured server in turn), a truncated answer is asked again over TCP.
 
 In system mode ``/etc/hosts`` is honoured first, as getaddrinfo would. IP literals never reach
-a resolver (aiohttp skips it). Failures raise ``OSError`` with a readable message, which aiohttp
-turns into ``ClientConnectorDNSError``; the connector times each request's wait.
+a resolver (aiohttp skips it). Failures raise ``OSError`` with a readable message naming the
+server's rcode (NXDOMAIN, SERVFAIL, REFUSED, ...), which aiohttp turns into
+``ClientConnectorDNSError``; the connector times each request's wait.
 """
 
 from __future__ import annotations
@@ -10,17 +16,25 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
+from dataclasses import dataclass, field
 from pathlib import Path
 
-import dns.asyncresolver
 import dns.exception
+import dns.flags
+import dns.message
+import dns.rcode
 import dns.rdata
+import dns.rdataclass
+import dns.rdatatype
 import dns.resolver
 from aiohttp.abc import AbstractResolver, ResolveResult
 
 from ..errors import UsageError
+from ..timeline import AttrValue
+from ._dnswire import Arrival, DatagramChannel, tcp_exchange
+from ._state import now_ns
 
-__all__ = ["DnsResolver", "parse_nameserver", "read_hosts_file"]
+__all__ = ["DnsResolver", "WireLookup", "parse_nameserver", "read_hosts_file"]
 
 
 def parse_nameserver(spec: str) -> tuple[str, int]:
@@ -56,8 +70,60 @@ def read_hosts_file(path: str | Path = "/etc/hosts") -> dict[str, list[str]]:
     return table
 
 
+@dataclass(frozen=True, slots=True)
+class WireLookup:
+    """When one lookup was on the wire (``perf_counter_ns`` clock).
+
+    Attributes:
+        first_sent_ns: the first query of the lookup handed to the kernel.
+        answered_ns: the kernel's arrival of the last answer the lookup needed (A and AAAA,
+            after any retry or TCP fallback); our read instant where unstamped.
+        read_ns: when our code read that answer.
+        clock_source: ``"kernel"`` when every needed answer carried a kernel stamp, else
+            ``"userspace"``.
+        queries: messages sent (retries and TCP fallbacks included).
+        transport: ``"udp"``, or ``"tcp"`` when an answer came over TCP.
+        read_lag_ns: the largest read − kernel instant over the needed answers (0 unstamped).
+    """
+
+    first_sent_ns: int
+    answered_ns: int
+    read_ns: int
+    clock_source: str
+    queries: int
+    transport: str
+    read_lag_ns: int
+
+    def attributes(self) -> dict[str, AttrValue]:
+        """What the ``dns`` stage says about the lookup."""
+        return {
+            "clock_source": self.clock_source,
+            "queries": self.queries,
+            "transport": self.transport,
+            "read_lag_ns": self.read_lag_ns,
+        }
+
+
+@dataclass(slots=True)
+class _Answer:
+    """One record type's answer: its addresses (or failure) and its wire instants."""
+
+    rdtype: str
+    sent_ns: int
+    queries: int
+    arrival: Arrival | None = None
+    stamped: bool = True
+    tcp: bool = False
+    addresses: list[str] = field(default_factory=list)
+    rcode: str | None = None  # a failure rcode (NXDOMAIN, SERVFAIL, REFUSED, ...)
+    timed_out: bool = False
+
+
 class DnsResolver(AbstractResolver):
-    """Resolves with dnspython so every lookup is a real query we can time.
+    """Resolves over sockets of its own so every lookup is a real query timed on the wire.
+
+    Each lookup's wire instants are kept (:meth:`wire_lookup`) for the connector's ``dns``
+    stage; dnspython only builds and parses the messages.
 
     Args:
         nameserver: ``"HOST:PORT"`` to ask one server; None for the system's configuration.
@@ -73,17 +139,21 @@ class DnsResolver(AbstractResolver):
         hosts_file: str | None = "/etc/hosts",
     ) -> None:
         if nameserver is None:
-            self._resolver = dns.asyncresolver.Resolver()
+            system = dns.resolver.Resolver()
+            self._servers = [(str(a), system.port) for a in system.nameservers if _is_ip(str(a))]
             self._hosts = read_hosts_file(hosts_file) if hosts_file else {}
         else:
-            address, port = parse_nameserver(nameserver)
-            self._resolver = dns.asyncresolver.Resolver(configure=False)
-            self._resolver.nameservers = [address]
-            self._resolver.port = port
+            self._servers = [parse_nameserver(nameserver)]
             self._hosts = {}
-        self._resolver.lifetime = timeout
+        self.timeout = timeout
         self.nameserver = nameserver
+        self._lookups: dict[str, WireLookup] = {}
         _warm_up()
+
+    def wire_lookup(self, host: str, since_ns: int) -> WireLookup | None:
+        """The last lookup of ``host`` whose answer was read after ``since_ns``, if any."""
+        lookup = self._lookups.get(host)
+        return lookup if lookup is not None and lookup.read_ns >= since_ns else None
 
     async def resolve(
         self, host: str, port: int = 0, family: int = socket.AF_INET
@@ -100,42 +170,162 @@ class DnsResolver(AbstractResolver):
 
     async def _query(self, host: str, family: int) -> list[str]:
         """A and AAAA in parallel (as getaddrinfo does); A first, so IPv4 is tried first."""
+        if not self._servers:
+            raise OSError("DNS: the system configuration names no nameserver")
         by_family: dict[int, list[str]] = {socket.AF_INET: ["A"], socket.AF_INET6: ["AAAA"]}
         types = by_family.get(family, ["A", "AAAA"])
-        answers = await asyncio.gather(*(self._one(host, t) for t in types), return_exceptions=True)
-        addresses = [a for answer in answers if isinstance(answer, list) for a in answer]
+        deadline = now_ns() + int(self.timeout * 1e9)
+        answers = await asyncio.gather(*(self._ask(host, t, deadline) for t in types))
+        self._note(host, answers)
+        addresses = [a for answer in answers for a in answer.addresses]
         if addresses:
             return addresses
-        failure = next((a for a in answers if isinstance(a, OSError)), None)
-        raise failure or OSError(f"DNS: no A/AAAA records for {host!r}")
+        raise OSError(self._failure(host, answers))
 
-    async def _one(self, host: str, rdtype: str) -> list[str]:
+    def _note(self, host: str, answers: list[_Answer]) -> None:
+        arrived = [(a, a.arrival) for a in answers if a.arrival is not None]
+        if not arrived:
+            return
+        kernel = [(t.user_ns - t.kernel_ns) for a, t in arrived if a.stamped and t.kernel_ns]
+        self._lookups[host] = WireLookup(
+            first_sent_ns=min(a.sent_ns for a in answers),
+            answered_ns=max(t.wire_ns for _, t in arrived),
+            read_ns=max(t.user_ns for _, t in arrived),
+            clock_source="kernel" if len(kernel) == len(arrived) else "userspace",
+            queries=sum(a.queries for a in answers),
+            transport="tcp" if any(a.tcp for a in answers) else "udp",
+            read_lag_ns=max(kernel, default=0),
+        )
+
+    def _failure(self, host: str, answers: list[_Answer]) -> str:
+        rcodes = [a.rcode for a in answers if a.rcode]
+        if "NXDOMAIN" in rcodes:
+            return f"DNS: {host!r} does not exist (NXDOMAIN)"
+        if rcodes:
+            return f"DNS: the nameserver answered {rcodes[0]} for {host!r}"
+        if any(a.timed_out for a in answers):
+            return f"DNS: no answer for {host!r} within {self.timeout} s"
+        return f"DNS: no A/AAAA records for {host!r}"
+
+    async def _ask(self, host: str, rdtype: str, deadline: int) -> _Answer:
+        """One record type: UDP with retries (each server in turn), TCP when truncated."""
+        query = dns.message.make_query(host, rdtype)
+        wire = query.to_wire()
+        answer = _Answer(rdtype, sent_ns=now_ns(), queries=0)
+        for attempt in range(_MAX_ATTEMPTS):
+            left = (deadline - now_ns()) / 1e9
+            if left <= 0:
+                break
+            server = self._servers[attempt % len(self._servers)]
+            wait = min(left, _ATTEMPT_TIMEOUT * 2 ** (attempt // len(self._servers)))
+            response = await self._udp(answer, server, wire, query, wait)
+            if response is None:
+                continue
+            if response.flags & dns.flags.TC:
+                response = await self._tcp(answer, server, wire, query, (deadline - now_ns()) / 1e9)
+                if response is None:
+                    continue
+            rcode = dns.rcode.to_text(response.rcode())
+            if rcode == "NOERROR":
+                answer.rcode = None
+                answer.addresses = _addresses(response, rdtype)
+                return answer
+            answer.rcode = rcode
+            if rcode == "NXDOMAIN" or len(self._servers) == 1:
+                return answer  # a definite answer; several servers: ask the next one
+        if answer.rcode is None:
+            answer.timed_out = True
+        return answer
+
+    async def _udp(
+        self,
+        answer: _Answer,
+        server: tuple[str, int],
+        wire: bytes,
+        query: dns.message.Message,
+        wait: float,
+    ) -> dns.message.Message | None:
         try:
-            answer = await self._resolver.resolve(host, rdtype, search=False)
-        except dns.resolver.NXDOMAIN:
-            raise OSError(f"DNS: {host!r} does not exist (NXDOMAIN)") from None
-        except (dns.resolver.NoAnswer, dns.resolver.NoNameservers):
-            return []
-        except dns.exception.Timeout:
-            raise OSError(
-                f"DNS: no answer for {host!r} within {self._resolver.lifetime} s"
-            ) from None
-        return [r.address for r in answer]
+            channel = DatagramChannel(server)
+        except OSError:
+            return None
+        try:
+            sent = channel.send(wire)
+            if answer.queries == 0:
+                answer.sent_ns = sent
+            answer.queries += 1
+            return await asyncio.wait_for(_matching(channel, query, answer), wait)
+        except (OSError, TimeoutError, asyncio.TimeoutError):
+            return None
+        finally:
+            channel.close()
+
+    async def _tcp(
+        self,
+        answer: _Answer,
+        server: tuple[str, int],
+        wire: bytes,
+        query: dns.message.Message,
+        wait: float,
+    ) -> dns.message.Message | None:
+        if wait <= 0:
+            return None
+        answer.queries += 1
+        try:
+            _, arrival, stamped = await asyncio.wait_for(tcp_exchange(server, wire), wait)
+            response = dns.message.from_wire(arrival.data)
+        except (OSError, TimeoutError, asyncio.TimeoutError, dns.exception.DNSException):
+            return None
+        if not query.is_response(response):
+            return None
+        answer.arrival, answer.stamped, answer.tcp = arrival, stamped, True
+        return response
 
     async def close(self) -> None:
         return None
 
 
-def _warm_up() -> None:
-    """Load what dnspython loads lazily on its first lookup (its asyncio backend, the A/AAAA
-    record classes): otherwise the first request's ``dns`` stage counts our imports."""
-    import dns.asyncbackend
-    import dns.rdataclass
-    import dns.rdatatype
+_MAX_ATTEMPTS = 8  # sends per record type, across servers, within the lookup's lifetime
+_ATTEMPT_TIMEOUT = 1.0  # seconds before the first resend; doubled per round of servers
 
-    dns.asyncbackend.get_backend("asyncio")
-    for rdtype in (dns.rdatatype.A, dns.rdatatype.AAAA, dns.rdatatype.CNAME):
-        dns.rdata.get_rdata_class(dns.rdataclass.IN, rdtype)  # type: ignore[no-untyped-call]
+
+async def _matching(
+    channel: DatagramChannel, query: dns.message.Message, answer: _Answer
+) -> dns.message.Message:
+    """The first datagram that answers ``query`` (others, malformed or stale, are skipped)."""
+    while True:
+        arrival = await channel.receive()
+        try:
+            response = dns.message.from_wire(arrival.data)
+        except dns.exception.DNSException:
+            continue
+        if query.is_response(response):
+            answer.arrival, answer.stamped = arrival, channel.stamped
+            return response
+
+
+def _addresses(response: dns.message.Message, rdtype: str) -> list[str]:
+    wanted = dns.rdatatype.from_text(rdtype)
+    return [str(r.address) for rrset in response.answer if rrset.rdtype == wanted for r in rrset]
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _warm_up() -> None:
+    """Load what dnspython loads lazily on first use (the message code, the A/AAAA record
+    classes): otherwise the first request's lookup counts our imports."""
+    for rdtype in ("A", "AAAA"):
+        query = dns.message.make_query("warm.up.", rdtype)
+        response = dns.message.make_response(query)
+        dns.message.from_wire(response.to_wire())
+    for kind in (dns.rdatatype.A, dns.rdatatype.AAAA, dns.rdatatype.CNAME):
+        dns.rdata.get_rdata_class(dns.rdataclass.IN, kind)  # type: ignore[no-untyped-call]
 
 
 def _family_ok(address: str, family: int) -> bool:

@@ -10,6 +10,7 @@
     print(result.summary().to_text())           # P50…P99.9 with CIs; saturation notes
 """
 
+from ._api import run, run_sync
 from ._dists import ARRIVALS, Dist, arrival_gaps, dist, synthetic_prompt
 from ._faults import FaultProxy, OutageReport, outage_report
 from ._monitor import ClientHealth, Pacer
@@ -24,7 +25,7 @@ from ._presets import (
     mixed_load,
     run_fault_injection,
 )
-from ._runner import Hook, RunResult, run, run_sync, sweep
+from ._runner import Hook, RunResult, sweep
 from ._scenario import Scenario, Template, load_scenario
 
 __all__ = [

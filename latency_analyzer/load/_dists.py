@@ -56,12 +56,17 @@ def dist(spec: float | Mapping[str, Any] | Dist) -> Dist:
     """
     if isinstance(spec, Dist):
         return spec
-    if isinstance(spec, int | float):
+    if isinstance(spec, int | float) and not isinstance(spec, bool):
         spec = {"fixed": spec}
-    if len(spec) != 1:
-        raise UsageError(f"a distribution has one key (its kind), got {dict(spec)!r}")
+    if not isinstance(spec, Mapping) or len(spec) != 1:
+        raise UsageError(f"a distribution is a number or a table with one key (its kind): {spec!r}")
     ((kind, raw),) = spec.items()
-    params = tuple(float(x) for x in (raw if isinstance(raw, list | tuple) else [raw]))
+    values = raw if isinstance(raw, list | tuple) else [raw]
+    if not all(isinstance(x, int | float) and not isinstance(x, bool) for x in values):
+        raise UsageError(f"the parameters of {kind!r} must be numbers, got {raw!r}")
+    params = tuple(float(x) for x in values)
+    if not all(math.isfinite(x) for x in params):
+        raise UsageError(f"the parameters of {kind!r} must be finite, got {raw!r}")
     if kind == "choice":
         if not params:
             raise UsageError("choice needs at least one value")

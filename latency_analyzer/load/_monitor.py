@@ -4,20 +4,36 @@ A load generator that cannot keep up reports the wrong latency (coordinated omis
 throughput that is its own limit. So a run samples the event loop's lag all along (a task
 that asks to sleep 5 ms and measures how late it wakes), the process's CPU time and its peak
 RSS, and the summary says when the client, not the target, was the bottleneck.
+
+A lagging loop has two different causes with different remedies: the client itself used its
+core (more processes help), or the host's CPUs were taken by others: other processes (the
+load average well above what this client used) or the hypervisor (CPU steal in
+``/proc/stat``), where more client processes only add to the contention.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import resource
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
-__all__ = ["LOOP_LAG_LIMIT_S", "ClientHealth", "LoopMonitor", "Pacer", "peak_rss_bytes"]
+__all__ = [
+    "LOOP_LAG_LIMIT_S",
+    "ClientHealth",
+    "LoopMonitor",
+    "Pacer",
+    "cpu_times",
+    "load_average",
+    "peak_rss_bytes",
+    "steal_share",
+]
 
 #: Event-loop lag P99 above which a run says its client was saturated.
 LOOP_LAG_LIMIT_S = 0.010
@@ -57,6 +73,34 @@ class Pacer:
         return now
 
 
+def cpu_times(path: str | Path = "/proc/stat") -> tuple[int, int] | None:
+    """(steal, total) jiffies of all CPUs since boot, from ``/proc/stat`` (None elsewhere)."""
+    try:
+        with open(path, encoding="ascii") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if len(fields) < 9 or fields[0] != "cpu":
+        return None
+    values = [int(v) for v in fields[1:9]]  # user nice system idle iowait irq softirq steal
+    return values[7], sum(values)
+
+
+def steal_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """The share of CPU time the hypervisor took between two :func:`cpu_times` readings."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1])
+
+
+def load_average() -> float | None:
+    """The host's 1-minute load average (runnable processes), None where unknown."""
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
+
+
 @dataclass
 class LoopMonitor:
     """Samples event-loop lag every 5 ms while running (``async with``)."""
@@ -65,9 +109,11 @@ class LoopMonitor:
     _task: asyncio.Task[None] | None = None
     _cpu0: float = 0.0
     _wall0: int = 0
+    _stat0: tuple[int, int] | None = None
 
     async def __aenter__(self) -> LoopMonitor:
         self._cpu0, self._wall0 = time.process_time(), time.perf_counter_ns()
+        self._stat0 = cpu_times()
         self._task = asyncio.create_task(self._sample())
         return self
 
@@ -78,6 +124,8 @@ class LoopMonitor:
                 await self._task
         self.cpu_s = time.process_time() - self._cpu0
         self.wall_s = (time.perf_counter_ns() - self._wall0) / 1e9
+        self.steal = steal_share(self._stat0, cpu_times())
+        self.load = load_average()
 
     async def _sample(self) -> None:
         tick = round(_TICK_S * 1e9)
@@ -98,20 +146,53 @@ def _pcts(ns: list[int]) -> dict[str, float]:
     return {"p50_s": float(p50), "p99_s": float(p99), "max_s": float(arr.max())}
 
 
+#: CPU steal above this share of the run says the hypervisor took the client's CPU.
+STEAL_LIMIT = 0.05
+
+#: This client using more than this share of a core means its own limit was reached.
+OWN_CPU_LIMIT = 0.8
+
+
 @dataclass(frozen=True)
 class ClientHealth:
-    """How the client fared. ``cpu`` is CPU seconds per wall second (1.0: one full core)."""
+    """How the client fared. ``cpu`` is CPU seconds per wall second (1.0: one full core).
+
+    Attributes:
+        loop_lag, pacer_lag: P50, P99 and max of how late the loop (and, in an open loop, the
+            pacer) woke up; ``pacer_lag`` is None in a closed loop, which has no schedule.
+        cpu: this process's CPU use, in cores.
+        peak_rss_bytes: its peak memory.
+        steal: share of the host's CPU time the hypervisor took during the run (None: not
+            known, e.g. not Linux).
+        load_avg: the host's 1-minute load average at the end of the run.
+        cpus: the host's CPU count.
+    """
 
     loop_lag: dict[str, float]
     pacer_lag: dict[str, float] | None
     cpu: float
     peak_rss_bytes: int
+    steal: float | None = None
+    load_avg: float | None = None
+    cpus: int | None = None
 
     @classmethod
     def of(cls, mon: LoopMonitor, pacer: Pacer | None) -> ClientHealth:
         cpu = mon.cpu_s / mon.wall_s if mon.wall_s > 0 else 0.0
         pacer_lag = _pcts(pacer.lags_ns) if pacer is not None else None
-        return cls(_pcts(mon.lags_ns), pacer_lag, cpu, peak_rss_bytes())
+        steal, load = getattr(mon, "steal", None), getattr(mon, "load", None)
+        return cls(
+            _pcts(mon.lags_ns), pacer_lag, cpu, peak_rss_bytes(), steal, load, os.cpu_count()
+        )
+
+    @property
+    def host_contended(self) -> bool:
+        """Others took the CPUs: steal, or runnable processes beyond the CPUs we left free."""
+        if self.steal is not None and self.steal >= STEAL_LIMIT:
+            return True
+        if self.load_avg is None or not self.cpus:
+            return False
+        return self.cpu < OWN_CPU_LIMIT and self.load_avg - self.cpu >= self.cpus
 
     @property
     def saturated(self) -> bool:
@@ -120,13 +201,35 @@ class ClientHealth:
         return worst > LOOP_LAG_LIMIT_S
 
     def note(self) -> str | None:
+        """A sentence for the summary when the client lagged: whose limit it was."""
         if not self.saturated:
             return None
-        pacer = self.pacer_lag or {}
+        lag = f"event-loop lag P99 {self.loop_lag['p99_s'] * 1e3:.1f} ms"
+        if self.pacer_lag is not None:
+            lag += f", pacer lag P99 {self.pacer_lag['p99_s'] * 1e3:.1f} ms"
+        own = f"this client used {self.cpu:.0%} of a core"
+        if self.host_contended:
+            if self.steal is not None and self.steal >= STEAL_LIMIT:
+                why = f"the hypervisor took {self.steal:.0%} of the host's CPU time (steal)"
+            else:
+                why = (
+                    f"other processes kept the host busy (load average {self.load_avg:.1f} on "
+                    f"{self.cpus} CPUs)"
+                )
+            return (
+                f"the HOST was contended: {lag}; {why} while {own}: latencies include time "
+                "this client waited for a CPU; run on a quieter host (more client processes "
+                "would add to the contention)"
+            )
+        if self.cpu >= OWN_CPU_LIMIT:
+            return (
+                f"the CLIENT was saturated: {lag}; {own}: latencies include client delay; "
+                "use more processes (run --ray, workers) or a lower load"
+            )
         return (
-            f"the CLIENT was saturated: event-loop lag P99 {self.loop_lag['p99_s'] * 1e3:.1f} ms,"
-            f" pacer lag P99 {pacer.get('p99_s', 0.0) * 1e3:.1f} ms, CPU {self.cpu:.0%} of a core"
-            " — latencies include client delay; use more processes or a lower load"
+            f"the client's event loop lagged: {lag}, though {own} and the host was not busy: "
+            "something blocked the loop (a slow callback, synchronous I/O, a large response "
+            "parsed at once)"
         )
 
     def to_dict(self) -> dict[str, object]:
@@ -136,4 +239,8 @@ class ClientHealth:
             "cpu_cores": self.cpu,
             "peak_rss_bytes": self.peak_rss_bytes,
             "saturated": self.saturated,
+            "steal": self.steal,
+            "load_avg": self.load_avg,
+            "cpus": self.cpus,
+            "host_contended": self.host_contended,
         }

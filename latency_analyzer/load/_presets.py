@@ -38,10 +38,8 @@ LENGTH_EDGES = (1024, 4096, 16384, 65536, 131072)
 
 
 def _scenario(defaults: Mapping[str, Any], overrides: Mapping[str, Any]) -> Scenario:
-    data = {**defaults, **overrides}
-    if "templates" in data and data["templates"] and isinstance(data["templates"][0], Mapping):
-        return Scenario.from_dict(data)
-    return Scenario(**data)
+    # checked as a file is: an unknown or mistyped override is a UsageError naming its key
+    return Scenario.from_dict({**defaults, **overrides})
 
 
 def cold_start_storm(url: str, **overrides: Any) -> Scenario:
@@ -103,7 +101,7 @@ def preset_scenario(name: str, **fields: Any) -> Scenario:
     if name not in PRESETS:
         raise UsageError(f"unknown preset {name!r}; expected one of {sorted(PRESETS)}")
     if "url" not in fields:
-        raise UsageError("a preset needs url=")
+        raise UsageError(f"scenario key 'url' is required (preset {name!r} has none)")
     return PRESETS[name](fields.pop("url"), **fields)
 
 

@@ -34,7 +34,7 @@ from ._dists import arrival_gaps
 from ._monitor import ClientHealth, LoopMonitor, Pacer
 from ._scenario import Scenario, Template
 
-__all__ = ["Hook", "RowSink", "RunResult", "run", "run_sync", "sweep"]
+__all__ = ["Hook", "RowSink", "RunResult", "run", "sweep"]
 
 #: Called with the run's t0 (``perf_counter_ns``) and run alongside it (fault injection).
 Hook = Callable[[int], Coroutine[Any, Any, None]]
@@ -116,6 +116,7 @@ class _Run:
         self.progress = progress
         self.issued = 0
         self.stored = 0
+        self.tls_versions: set[str] = set()
         self.t0 = 0
         self.issue_end_ns = 0
 
@@ -136,6 +137,8 @@ class _Run:
         tags = Tags(self.sc.name, template.name, length, self.worker, self.step, warmup)
         self.ws.add(wf, tags)
         self.stored += 1
+        if wf.tls is not None and wf.tls.version:
+            self.tls_versions.add(wf.tls.version)
         if self.on_row is not None:
             self.on_row(wf, tags)
         if self.progress is not None:
@@ -247,11 +250,8 @@ async def run(
     start_ns: int | None = None,
     on_row: RowSink | None = None,
     stop: asyncio.Event | None = None,
-    backend: str = "local",
-    workers: int = 1,
-    address: str | None = None,
 ) -> RunResult:
-    """Run ``scenario`` and return its set and self-check.
+    """Run ``scenario`` in this process and return its set and self-check.
 
     Args:
         scenario: what to run.
@@ -268,24 +268,7 @@ async def run(
             issued late, and their lateness is ``schedule_lag``.
         on_row: called with every stored row (waterfall and tags) as it is stored.
         stop: once set, no further request is issued; in-flight ones finish and are stored.
-        backend: ``"local"`` (this process) or ``"ray"``: ``workers`` Ray actors share the load
-            (``address``: None starts a local Ray, or ``"auto"`` / ``"ray://host:port"``).
     """
-    if backend == "ray":
-        if hooks or progress or scraper or worker or step or start_ns or on_row or stop:
-            raise UsageError("backend='ray' takes no hooks/progress/scraper/worker/step/start")
-        from ._ray import run_ray
-
-        return await run_ray(
-            scenario,
-            workers=workers,
-            address=address,
-            path=path,
-            headers=headers,
-            rtt_samples=rtt_samples,
-        )
-    if backend != "local":
-        raise UsageError(f"backend must be 'local' or 'ray', not {backend!r}")
     meta = {
         "scenario": scenario.to_dict(),
         "fingerprint": fingerprint(scenario.url, scenario=None, rtt_samples=rtt_samples),
@@ -341,7 +324,7 @@ def _result(r: _Run, mon: LoopMonitor, pacer: Pacer | None) -> RunResult:
         raise UsageError(f"{r.issued} requests issued but {r.stored} stored")
     health = mon.health(pacer)
     res = RunResult(r.ws, r.sc, r.issued, health, mon.wall_s)
-    _http_tls(r.ws)
+    _http_tls(r.ws, r.tls_versions)
     if r.sc.mode == "open" and r.sc.arrival != "burst":
         _target_check(r, res)
     note = health.note()
@@ -351,9 +334,11 @@ def _result(r: _Run, mon: LoopMonitor, pacer: Pacer | None) -> RunResult:
     return res
 
 
-def _http_tls(ws: WaterfallSet) -> None:
+def _http_tls(ws: WaterfallSet, tls_versions: set[str]) -> None:
     versions = sorted({v for v in ws.labels("http_version") if v})
     ws.meta.setdefault("fingerprint", {})["http_versions"] = versions
+    ws.meta["fingerprint"]["tls_versions"] = sorted(tls_versions)
+    ws.note("fingerprint", ws.meta["fingerprint"])  # the file's header was written before
 
 
 def _target_check(r: _Run, res: RunResult) -> None:
@@ -380,11 +365,6 @@ def _target_check(r: _Run, res: RunResult) -> None:
         )
 
 
-def run_sync(scenario: Scenario, **kwargs: Any) -> RunResult:
-    """``run`` from synchronous code (its own event loop)."""
-    return asyncio.run(run(scenario, **kwargs))
-
-
 async def sweep(
     scenario: Scenario,
     *,
@@ -394,6 +374,9 @@ async def sweep(
     **kwargs: Any,
 ) -> list[RunResult]:
     """One run per concurrency (closed loop) or rate (open loop) level, tagged ``step`` 0, 1 …
+
+    A coroutine: ``results = await sweep(sc, rate=[5, 10, 20])``, or
+    ``asyncio.run(sweep(...))`` from synchronous code.
 
     With ``path``, step i streams to ``<stem>.step<i><suffix>``; ``WaterfallSet.merge`` of the
     results' sets gives one set, and ``group_by("step")`` splits it again.

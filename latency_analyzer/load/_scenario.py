@@ -2,13 +2,22 @@
 
 Built from Python, from a TOML file (:func:`load_scenario`) or from CLI flags. ``to_dict()`` is
 stored with every run; request headers are never part of it (they may hold secrets).
+
+A file or mapping is checked before anything is built: every key must be known and hold a value
+of its field's type (``concurrency = "4"`` is an error, not a string compared with an int), a
+key without a default (``url``) must be there, numbers must be finite. Every problem is a
+:class:`~latency_analyzer.errors.UsageError` whose message names the file, the key and the
+reason; the CLI prints it and exits 2.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 import sys
+import types
+import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +31,7 @@ if sys.version_info >= (3, 11):
 else:  # Python 3.10: the same parser from PyPI
     import tomli as tomllib
 
-__all__ = ["Scenario", "Template", "load_scenario"]
+__all__ = ["Scenario", "Template", "load_scenario", "scenario_preset"]
 
 _MODES = ("closed", "open")
 _APIS = ("chat", "completions")
@@ -47,11 +56,21 @@ class Template:
     body: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Template:
+    def from_dict(cls, data: Mapping[str, Any] | Template) -> Template:
+        """Build from a mapping (a TOML table); a Template is returned as it is.
+
+        Raises:
+            UsageError: not a table, unknown keys or bad values.
+        """
+        if isinstance(data, Template):
+            return data
+        if not isinstance(data, Mapping):
+            raise UsageError(f"a template must be a table, got {_kind(data)}")
         fields = dict(data)
-        if fields.get("prompt_tokens") is not None:
-            fields["prompt_tokens"] = dist(fields["prompt_tokens"])
         _check_keys(cls, fields, "template")
+        if fields.get("prompt_tokens") is not None:
+            fields["prompt_tokens"] = _dist_field(fields["prompt_tokens"], "prompt_tokens")
+        _check_types(cls, fields, "template")
         return cls(**fields)
 
     def to_dict(self) -> dict[str, Any]:
@@ -140,11 +159,12 @@ class Scenario:
         """
         fields = dict(data)
         fields.pop("sweep", None)
-        if "templates" in fields:
-            fields["templates"] = tuple(Template.from_dict(t) for t in fields["templates"])
-        if fields.get("think_time") is not None:
-            fields["think_time"] = dist(fields["think_time"])
         _check_keys(cls, fields, "scenario")
+        if "templates" in fields:
+            fields["templates"] = _templates(fields["templates"])
+        if fields.get("think_time") is not None:
+            fields["think_time"] = _dist_field(fields["think_time"], "think_time")
+        _check_types(cls, fields, "scenario")
         return cls(**fields)
 
     def to_dict(self) -> dict[str, Any]:
@@ -187,7 +207,88 @@ def _check_keys(cls: type, fields: Mapping[str, Any], what: str) -> None:
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(fields) - known)
     if unknown:
-        raise UsageError(f"unknown {what} keys {unknown}; expected some of {sorted(known)}")
+        keys = ", ".join(repr(k) for k in unknown)
+        raise UsageError(f"unknown {what} key {keys}; expected some of {sorted(known)}")
+    for f in dataclasses.fields(cls):
+        no_default = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        if no_default and f.name not in fields:
+            raise UsageError(f"{what} key {f.name!r} is required")
+
+
+def _templates(value: Any) -> tuple[Template, ...]:
+    if not isinstance(value, list | tuple):
+        raise UsageError(f"scenario key 'templates': expected a list of tables, got {_kind(value)}")
+    out = []
+    for i, item in enumerate(value):
+        try:
+            out.append(Template.from_dict(item))
+        except UsageError as exc:
+            raise UsageError(f"templates[{i}]: {exc}") from None
+    return tuple(out)
+
+
+def _dist_field(value: Any, key: str) -> Dist:
+    try:
+        return dist(value)
+    except UsageError as exc:
+        raise UsageError(f"key {key!r}: {exc}") from None
+
+
+_NAMES: dict[Any, str] = {
+    str: "a string",
+    int: "an integer",
+    float: "a finite number",
+    bool: "true or false",
+    Mapping: "a table",
+    tuple: "an array of tables",
+}
+
+
+def _kind(value: Any) -> str:
+    """What a value is, in TOML's words; strings are not echoed (a value may be a secret)."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, int | float):
+        return f"the number {value!r}"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, Mapping):
+        return "a table"
+    if isinstance(value, list | tuple):
+        return "an array"
+    return type(value).__name__
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    """Whether ``value`` has the field type ``hint`` (bool is not an int here; int is a float)."""
+    origin = typing.get_origin(hint)
+    if origin is typing.Union or origin is types.UnionType:
+        return any(_fits(value, arg) for arg in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is Any:
+        return True
+    if origin is not None:
+        return isinstance(value, origin)  # tuple[Template, ...], Mapping[str, Any]: built above
+    if hint is bool:
+        return isinstance(value, bool)
+    if isinstance(value, bool):
+        return False
+    if hint is float:
+        return isinstance(value, int | float) and math.isfinite(value)
+    return isinstance(value, hint)
+
+
+def _check_types(cls: type, fields: Mapping[str, Any], what: str) -> None:
+    hints = typing.get_type_hints(cls)
+    for key, value in fields.items():
+        hint = hints[key]
+        if _fits(value, hint):
+            continue
+        union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+        wanted = [a for a in (typing.get_args(hint) if union else (hint,)) if a is not type(None)]
+        want = " or ".join(_NAMES.get(typing.get_origin(a) or a, str(a)) for a in wanted)
+        raise UsageError(f"{what} key {key!r}: expected {want}, got {_kind(value)}")
 
 
 def load_scenario(path: str | Path, **overrides: Any) -> tuple[Scenario, dict[str, Sequence[Any]]]:
@@ -196,17 +297,48 @@ def load_scenario(path: str | Path, **overrides: Any) -> tuple[Scenario, dict[st
     A ``preset = "NAME"`` key starts from that preset (its other keys override it).
 
     Raises:
-        UsageError: the file is not valid TOML or holds unknown keys.
+        UsageError: the file is not UTF-8 or not TOML, or a key is unknown, missing or holds a
+            bad value; the message starts with the file's name.
+        OSError: the file cannot be read.
     """
+    raw = Path(path).read_bytes()
     try:
-        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        reason = f"not UTF-8 text (byte 0x{raw[exc.start]:02x} on line {line})"
+        raise UsageError(f"{path}: {reason}") from None
     except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"{path}: not valid TOML: {exc}") from None
+    try:
+        return _from_table(data, overrides)
+    except UsageError as exc:
         raise UsageError(f"{path}: {exc}") from None
+
+
+def _from_table(
+    data: dict[str, Any], overrides: Mapping[str, Any]
+) -> tuple[Scenario, dict[str, Sequence[Any]]]:
     data.update({k: v for k, v in overrides.items() if v is not None})
-    sweep = dict(data.pop("sweep", {}))
+    sweep = data.pop("sweep", {})
+    if not isinstance(sweep, Mapping):
+        raise UsageError(f"key 'sweep': expected a table, got {_kind(sweep)}")
     preset = data.pop("preset", None)
     if preset is not None:
         from ._presets import preset_scenario
 
-        return preset_scenario(preset, **data), sweep
-    return Scenario.from_dict(data), sweep
+        if not isinstance(preset, str):
+            raise UsageError(f"key 'preset': expected a string, got {_kind(preset)}")
+        return preset_scenario(preset, **data), dict(sweep)
+    return Scenario.from_dict(data), dict(sweep)
+
+
+def scenario_preset(path: str | Path) -> str | None:
+    """The ``preset = "NAME"`` of a scenario file, or None (no preset, or not readable TOML:
+    :func:`load_scenario` says what is wrong with it)."""
+    try:
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError):
+        return None
+    preset = data.get("preset")
+    return preset if isinstance(preset, str) else None

@@ -1,14 +1,9 @@
 """``latency-analyzer run SCENARIO.toml`` and ``latency-analyzer compare A B``.
 
-The lead wires these into ``latency_analyzer/cli.py``::
-
-    from .load.cli import add_compare_parser, add_run_parser
-    add_run_parser(sub)        # sets defaults(func=...) on its parser
-    add_compare_parser(sub)
-    ...
-    if hasattr(args, "func"): return args.func(args)
-
-``rich`` (optional) draws a progress bar; without it a plain line is printed at the end.
+``add_run_parser`` and ``add_compare_parser`` add the two verbs to the top-level parser of
+``latency_analyzer.cli``; each sets ``func`` on its parser, which ``main`` calls. On a
+terminal, a run draws a progress line on stderr (count, elapsed time, ETA and, for an open
+loop, the achieved rate).
 """
 
 from __future__ import annotations
@@ -24,8 +19,10 @@ from typing import Any
 from ..analysis import WaterfallSet, check_claim, compare
 from ..metrics import Scraper, Target, summary_text
 from ._presets import PRESETS, length_buckets, preset_scenario, run_fault_injection
+from ._progress import ProgressLine
 from ._runner import Progress, RunResult, run
-from ._scenario import Scenario, load_scenario
+from ._scenario import Scenario, load_scenario, scenario_preset
+from .distributed import auto_workers, run_ray_sync, run_workers_sync
 
 __all__ = ["add_compare_parser", "add_run_parser", "cmd_compare", "cmd_run"]
 
@@ -63,7 +60,14 @@ def add_run_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
         metavar="ADDRESS",
         help="run on Ray workers: 'local' (start one here), 'auto' or 'ray://host:10001'",
     )
-    p.add_argument("--workers", type=int, default=2, metavar="N", help="Default: %(default)r")
+    p.add_argument(
+        "--workers",
+        type=_workers,
+        default="auto",
+        metavar="N",
+        help="processes sharing the load (Ray workers with --ray); 'auto': the usable cores, "
+        "as far as the scenario can be split. Default: %(default)r",
+    )
     p.set_defaults(func=cmd_run)
 
 
@@ -74,8 +78,34 @@ def add_compare_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentP
     p.add_argument("candidate", metavar="B.jsonl")
     p.add_argument("--metric", default="ttft_p95", help="for --claim. Default: %(default)r")
     p.add_argument("--claim", type=float, metavar="X", help="claimed speedup (e.g. 15)")
+    p.add_argument(
+        "--pair-by",
+        choices=("auto", "name", "position"),
+        default="auto",
+        help="pair scenarios by name, by position, or by name when shared (Default: auto)",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_compare)
+
+
+def _workers(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of workers: {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError("--workers must be >= 1")
+    return n
+
+
+def _local_workers(args: argparse.Namespace, sc: Scenario) -> int:
+    """Worker processes for a run here: a given count, or 'auto' (the usable cores, as far as
+    the scenario splits); a scrape or a fault-injection hook keeps the run in one process."""
+    if args.scrape:
+        return 1
+    return auto_workers(sc) if args.workers == "auto" else int(args.workers)
 
 
 def _scenario(args: argparse.Namespace) -> Scenario:
@@ -93,29 +123,20 @@ def _scenario(args: argparse.Namespace) -> Scenario:
     return Scenario.from_dict(given)
 
 
-def _progress() -> tuple[Progress | None, Callable[[], None]]:
-    try:
-        # rich is an optional extra, absent from the type-checking environment
-        from rich.progress import Progress as Bar  # type: ignore[import-not-found, unused-ignore]
-    except ImportError:
-        return None, lambda: None
-    bar = Bar(transient=True)
-    task = bar.add_task("requests", total=None)
-    bar.start()
-
-    def update(done: int, total: int | None) -> None:
-        bar.update(task, completed=done, total=total)
-
-    return update, bar.stop
+def _progress(sc: Scenario) -> tuple[Progress | None, Callable[[], None]]:
+    """A progress line on a terminal's stderr: count, elapsed, ETA (and rate, open loop)."""
+    line = ProgressLine(sc)
+    return (line if line.enabled else None), line.close
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run, write the set to ``--out``, print the summary (exit 1 if any request failed)."""
     sc = _scenario(args)
-    update, stop = _progress()
+    preset = args.preset or _file_preset(args.scenario)
+    update, stop = _progress(sc)
     extra: dict[str, Any] = {}
     try:
-        if args.preset == "fault_injection":
+        if preset == "fault_injection":
             fr = asyncio.run(
                 run_fault_injection(
                     sc,
@@ -127,21 +148,27 @@ def cmd_run(args: argparse.Namespace) -> int:
             )
             result, extra["outage"] = fr.run, fr.outage.to_dict()
         elif args.ray:
-            from ._ray import run_ray_sync
-
             address = None if args.ray == "local" else args.ray
-            result = run_ray_sync(sc, workers=args.workers, path=args.out, address=address)
+            workers = 2 if args.workers == "auto" else args.workers
+            result = run_ray_sync(sc, workers=workers, path=args.out, address=address)
+        elif _local_workers(args, sc) > 1:
+            result = run_workers_sync(sc, workers=_local_workers(args, sc), path=args.out)
         else:
             result = asyncio.run(run(sc, path=args.out, progress=update, scraper=_scraper(args)))
     finally:
         stop()
-    if args.preset == "long_tail":
+    if preset == "long_tail":
         extra["length_buckets"] = {
             k: {**v, "ttft_p99": v["ttft_p99"].value, "e2e_p99": v["e2e_p99"].value}
             for k, v in length_buckets(result.set).items()
         }
     _print_run(result, args, extra)
     return 0 if result.set.counts()["errors"] == 0 else 1
+
+
+def _file_preset(path: str | None) -> str | None:
+    """The ``preset = "NAME"`` of a scenario file (it decides how the run is driven)."""
+    return None if not path else scenario_preset(path)
 
 
 def _scraper(args: argparse.Namespace) -> Scraper | None:
@@ -167,10 +194,12 @@ def _print_run(result: RunResult, args: argparse.Namespace, extra: dict[str, Any
 def cmd_compare(args: argparse.Namespace) -> int:
     """Print the comparison; with ``--claim``, exit 1 when the claim is not supported."""
     base, cand = WaterfallSet.load(args.baseline), WaterfallSet.load(args.candidate)
-    comp = compare(base, cand)
+    comp = compare(base, cand, pair_by=args.pair_by)
     claim = None
     if args.claim is not None:
-        claim = check_claim(base, cand, claimed=args.claim, metric=args.metric)
+        claim = check_claim(
+            base, cand, claimed=args.claim, metric=args.metric, pair_by=args.pair_by
+        )
     if args.json:
         out = comp.to_dict()
         if claim is not None:

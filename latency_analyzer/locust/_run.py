@@ -9,7 +9,7 @@ One :class:`LocustRun` per Locust process, made at Locust's ``init`` event:
   the same message as the counts Locust made of them: counted and written cannot drift apart.
 * **master**: adds the workers' rows to one set (``--la-out``), each tagged with its worker's
   index, and records each worker's identity and wall-clock offset (Cristian's bracket over
-  Locust's own message channel, ± half the round trip, as ``load/_ray.py`` does for Ray).
+  Locust's own message channel, ± half the round trip, as ``load/distributed`` does).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from gevent.event import AsyncResult
 
 from ..analysis import Tags, WaterfallSet, fingerprint
 from ..capture.client import redact_url
-from ..load._ray import WorkerReport, cristian_offset
+from ..load.distributed._results import WorkerReport, cristian_offset
 from ..timeline import CLIENT_STAGES, RESIDUALS, SERVER_STAGES, Waterfall
 from ._bridge import EngineProcess
 

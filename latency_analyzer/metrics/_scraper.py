@@ -254,4 +254,8 @@ class Scraper:
                 if len(body) > _MAX_BYTES:
                     raise _Failed(f"exposition larger than {_MAX_BYTES} bytes")
             charset = resp.charset or "utf-8"
-            return bytes(body).decode(charset, errors="replace"), resp.content_type
+            try:
+                text = bytes(body).decode(charset, errors="replace")
+            except LookupError:  # a charset Python has no codec for: a gap, not a crash
+                raise _Failed(f"unknown charset {charset[:40]!r}") from None
+            return text, resp.content_type

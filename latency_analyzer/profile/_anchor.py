@@ -25,6 +25,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .._rank import nearest_rank
 from ._trace import Trace
 
 __all__ = ["ProfileAnchor", "refine_anchor"]
@@ -103,7 +104,7 @@ def _edge_estimates(
 def _rank(values: Sequence[int], percent: int) -> int:
     """Nearest-rank percentile of sorted ``values`` (the definition WaterfallSet uses), in
     integers so no float rounding moves it by a rank."""
-    return values[max(0, -(-percent * len(values) // 100) - 1)]
+    return values[nearest_rank(percent, len(values))]
 
 
 def refine_anchor(

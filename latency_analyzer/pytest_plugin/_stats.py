@@ -1,9 +1,8 @@
 """Per-request samples of a stage or metric, and the statistics budgets bound (pure Python).
 
-Percentiles use linear interpolation between closest ranks, numpy's default (``method=
-"linear"``, type 7 of Hyndman & Fan): ``h = (n - 1) * q / 100``, then the value at rank
-``floor(h)`` plus the fraction of the step to the next rank. Arithmetic is exact (fractions)
-and rounded once, so ``p95`` of a few hand-written values can be checked by hand.
+Percentiles are nearest-rank (``latency_analyzer._rank``, the definition run summaries use):
+P(q) is the ``ceil(q/100 · n)``-th smallest value, an observed one, with the rank computed in
+exact arithmetic, so ``p95`` of a few hand-written values can be checked by hand.
 """
 
 from __future__ import annotations
@@ -13,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
+from .._rank import nearest_rank
 from ..errors import UsageError
 from ..timeline import Waterfall
 from ._budgets import METRIC_NAMES, SERVER_ONLY_STAGES
@@ -31,12 +31,8 @@ def percentile(values: Sequence[float], q: Fraction | float) -> float:
     """
     if not values:
         raise UsageError("percentile of no values")
-    frac_q = Fraction(q)
-    if not 0 <= frac_q <= 100:
-        raise UsageError(f"percentile must be within 0..100, got {q}")
     ordered = sorted(values)
-    rank = math.ceil(frac_q * len(ordered) / 100)  # 1-based
-    return float(ordered[min(len(ordered), max(1, rank)) - 1])
+    return float(ordered[nearest_rank(q, len(ordered))])
 
 
 def statistic(values: Sequence[float], stat: str, quantile: Fraction | None) -> float:

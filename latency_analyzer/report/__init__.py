@@ -10,6 +10,7 @@
     report.write_har([wf], "run.har")              # Chrome DevTools → Network → import
     report.write_chrome_trace(wfs, "trace.json")   # ui.perfetto.dev
     report.to_otlp_json(wfs)                       # beside the server's spans in Jaeger/Tempo
+    report.report_page([report.Run("a", wfs, ws)]) # one self-contained HTML page
     report.write_jsonl(wfs, "run.jsonl"); report.to_dataframe(wfs)
 
 Everything loads on first use, so ``import latency_analyzer.report.text`` (the CLI) pulls in
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from .har import to_har, write_har
     from .html import set_html, waterfall_html, waterfall_png, waterfall_svg
     from .otlp import send_otlp, to_otlp_json, write_otlp_json
+    from .page import Run, report_page
     from .palette import STAGE_COLOURS, colour
     from .plot import (
         plot_attribution,
@@ -60,6 +62,8 @@ _WHERE = {
     "send_otlp": "otlp",
     "to_otlp_json": "otlp",
     "write_otlp_json": "otlp",
+    "Run": "page",
+    "report_page": "page",
     "STAGE_COLOURS": "palette",
     "colour": "palette",
     "plot_attribution": "plot",
@@ -80,6 +84,7 @@ _WHERE = {
 __all__ = [
     "EXPORT_SCHEMA",
     "STAGE_COLOURS",
+    "Run",
     "colour",
     "plot_attribution",
     "plot_distributions",
@@ -88,6 +93,7 @@ __all__ = [
     "plot_waterfall",
     "read_jsonl",
     "render_waterfall",
+    "report_page",
     "scrub",
     "send_otlp",
     "set_html",

@@ -12,7 +12,8 @@ Timestamps are microseconds since the earliest request's start (``otherData.orig
 is that instant), so several requests line up. On each track events are emitted in time order
 and every ``B`` has its ``E``; a child that overlaps its previous sibling is clipped to start
 where that sibling ended (the waterfall's own attribution rule), its true start kept in
-``args.start_us``.
+``args.start_us``. A background stage (``h2_setup``, which runs under the request it opened
+the connection for) ends where the next stage starts, its true end kept in ``args.end_us``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from ..timeline import Span, Waterfall
+from ..timeline import BACKGROUND_STAGES, Span, Waterfall
 from ._common import export_meta, scrub
 
 __all__ = ["to_chrome_trace", "write_chrome_trace"]
@@ -49,8 +50,13 @@ def _pairs(span: Span, lo: int, hi: int, keep: Any) -> Iterator[tuple[str, int, 
     if keep(span):
         yield "B", start, span, start
     cursor = start
-    for child in span.children:
-        for item in _pairs(child, cursor, end, keep):
+    for i, child in enumerate(span.children):
+        child_hi = end
+        if child.source == "client" and child.name in BACKGROUND_STAGES:
+            # runs under the stages after it: shown up to where the next one starts
+            later = [c.start_ns for c in span.children[i + 1 :] if c.start_ns >= child.start_ns]
+            child_hi = min([end, *later])
+        for item in _pairs(child, cursor, child_hi, keep):
             yield item
             if item[0] == "E":  # later siblings start after everything already closed
                 cursor = max(cursor, item[1])
@@ -66,6 +72,8 @@ def _track_events(root: Span, pid: int, tid: int, keep: Any, origin: int) -> lis
             event.update(name=span.name, cat=span.source, args=_args(span))
             if start != span.start_ns:
                 event["args"]["start_us"] = _us(span.start_ns - origin)
+        elif phase == "E" and t < span.end_ns and span.name in BACKGROUND_STAGES:
+            event["args"] = {"end_us": _us(span.end_ns - origin)}
         events.append(event)
     return events
 

@@ -94,7 +94,7 @@ def _llm_fields(wf: Waterfall) -> dict[str, Any]:
     def ms(x: float | None) -> float | None:
         return None if x is None else round(x * 1e3, 6)
 
-    return {
+    fields: dict[str, Any] = {
         "ttft_ms": ms(wf.ttft),
         "tpot_ms": ms(wf.tpot),
         "itl_ms": [round(g * 1e3, 6) for g in wf.itl],
@@ -112,6 +112,11 @@ def _llm_fields(wf: Waterfall) -> dict[str, Any]:
         "tls": None if wf.tls is None else dataclasses.asdict(wf.tls),
         "server_status": wf.attributes.get("server.status"),
     }
+    for key in ("tcp_connect", "tcp_end"):  # the kernel's TCP_INFO, only where it was read
+        reading = getattr(wf, key)
+        if reading is not None:
+            fields[key] = dataclasses.asdict(reading)
+    return fields
 
 
 def _started(wf: Waterfall) -> str:

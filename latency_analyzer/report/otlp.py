@@ -83,6 +83,16 @@ def _root_attributes(wf: Waterfall) -> dict[str, AttrValue]:
     tpot = wf.tpot
     if tpot is not None:
         attrs["latency_analyzer.tpot_ns"] = round(tpot * 1e9)
+    tcp = wf.tcp_end
+    if tcp is not None:  # the kernel's view of the connection at the request's end
+        attrs.update(
+            {
+                "latency_analyzer.tcp.rtt_us": tcp.rtt_us,
+                "latency_analyzer.tcp.min_rtt_us": tcp.min_rtt_us,
+                "latency_analyzer.tcp.total_retrans": tcp.total_retrans,
+                "latency_analyzer.tcp.lost": tcp.lost,
+            }
+        )
     return attrs
 
 

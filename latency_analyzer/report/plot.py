@@ -211,6 +211,12 @@ def _kept(ws: WaterfallSet) -> npt.NDArray[np.bool_]:
 
 def _band_means(ws: WaterfallSet) -> list[tuple[str, int, dict[str, float]]]:
     """For P50/P95/P99 of e2e: the mean attribution (ms) of the requests around it."""
+    return [(name, n, means) for name, n, means, _ in _bands(ws)]
+
+
+def _bands(ws: WaterfallSet) -> list[tuple[str, int, dict[str, float], float]]:
+    """Per band: its name, how many requests it averages, their mean attribution (ms, path
+    order) and the percentile's own e2e (ms, nearest rank)."""
     keep = _kept(ws)
     e2e = ws.column("e2e_ns")[keep]
     if e2e.size == 0:
@@ -223,7 +229,8 @@ def _band_means(ws: WaterfallSet) -> list[tuple[str, int, dict[str, float]]]:
         if not near.any():
             near = np.abs(ranks - p) == np.abs(ranks - p).min()
         means = {s: float(v[near].mean()) for s, v in stages.items() if v[near].any()}
-        out.append((f"P{p:g}", int(near.sum()), means))
+        value = float(np.percentile(e2e, p, method="inverted_cdf")) / 1e6
+        out.append((f"P{p:g}", int(near.sum()), means, value))
     return out
 
 
@@ -231,12 +238,14 @@ def plot_attribution(ws: WaterfallSet, ax: Axes | None = None) -> Axes:
     """Stacked bars: what a P50, P95 and P99 request (by e2e) spends in each stage.
 
     Each bar is the mean attribution of the requests whose e2e lies within ±2.5 percentile
-    points of that percentile, so its segments add up to (about) that percentile's e2e.
+    points of that percentile, so its segments add up to about that percentile's e2e, not
+    exactly: the label says both (the bar's mean and the percentile), and a black tick marks
+    the percentile itself on the bar. The legend lists stages in path order.
     """
     ax = ax if ax is not None else _new_axes((9.0, 3.2))
-    bands = _band_means(ws)
+    bands = _bands(ws)
     seen: list[str] = []
-    for y, (_, _, means) in enumerate(bands):
+    for y, (name, _, means, value) in enumerate(bands):
         left = 0.0
         for stage, ms in means.items():
             ax.barh(
@@ -252,20 +261,34 @@ def plot_attribution(ws: WaterfallSet, ax: Axes | None = None) -> Axes:
             )
             seen.append(stage)
             left += ms
+        ax.vlines(value, y - 0.38, y + 0.38, colors="#000000", linewidth=1.6, gid="percentile")
         ax.annotate(
-            _label_text(left),
-            (left, y),
+            f"mean {_label_text(left)}\n{name} {_label_text(value)}",
+            (max(left, value), y),
             xytext=(4, 0),
             textcoords="offset points",
             va="center",
             fontsize=8,
+            gid=f"label:{name}",
         )
-    ax.set_yticks(range(len(bands)), [f"{name} (n={n})" for name, n, _ in bands])
+    ax.set_yticks(range(len(bands)), [f"{name} (n={n})" for name, n, _, _ in bands])
     ax.set_ylim(len(bands) - 0.4, -0.6)
-    ax.set_xlim(0, max((sum(m.values()) for *_, m in bands), default=1.0) * 1.15)
-    ax.set_xlabel("ms (mean attribution of the requests around the percentile)")
-    ax.set_title("Where the time goes, by e2e percentile", fontsize=10, loc="left")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+    widest = max((max(sum(m.values()), v) for *_, m, v in bands), default=1.0)
+    ax.set_xlim(0, widest * 1.3)  # room for the labels
+    ax.set_xlabel("ms: each bar is the mean attribution of the n requests around the percentile")
+    ax.set_title("Where the time goes, by e2e percentile (| = the percentile)", fontsize=10,
+                 loc="left")  # fmt: skip
+    handles, labels = ax.get_legend_handles_labels()
+    order = {name: i for i, name in enumerate(ws.stages)}
+    pairs = sorted(zip(handles, labels, strict=True), key=lambda hl: order.get(hl[1], len(order)))
+    ax.legend(
+        [h for h, _ in pairs],
+        [label for _, label in pairs],
+        loc="upper left",
+        bbox_to_anchor=(1.0, 1.0),
+        fontsize=8,
+        frameon=False,
+    )
     return ax
 
 
@@ -284,9 +307,15 @@ def plot_over_time(ws: WaterfallSet, ax: Axes | None = None) -> Axes:
         ax.scatter(t[~ok], e2e[~ok], s=18, color=colour("wait"), marker="x", label="failed")
     warm = np.asarray(ws.warmup, dtype=bool)
     if warm.any():
+        # up to the first measured request (not the last warm-up start: that leaves a sliver),
+        # and never narrower than 2 % of the axis, so a short warm-up is still seen
+        rest = t[~warm]
+        end = float(rest.min()) if rest.size else float(t.max())
+        end = max(end, float(t[warm].max()), 0.02 * float(t.max() or 1.0))
         ax.axvspan(
-            0, float(t[warm].max()), color="#EEEEEE", zorder=0, gid="warmup", label="warm-up"
-        )
+            0, end, facecolor="#F0E0B0", edgecolor="#B08830", hatch="//", alpha=0.5,
+            linewidth=0.8, zorder=0, gid="warmup", label=f"warm-up ({int(warm.sum())} requests)",
+        )  # fmt: skip
     ax.set_xlabel("s since the first request")
     ax.set_ylabel("ms")
     ax.set_ylim(bottom=0)
@@ -319,7 +348,7 @@ def plot_distributions(
     CDFs and histograms on a log time axis (they differ by orders of magnitude)."""
     ttft = ws.values("ttft") * 1e3
     if itl_s is not None:
-        other, name = np.asarray([g for g in itl_s if g > 0]) * 1e3, "ITL (per token)"
+        other, name = np.asarray(itl_s, dtype=np.float64) * 1e3, "ITL (per token)"
     else:
         other, name = ws.values("tpot") * 1e3, "TPOT (per request)"
     series = [("TTFT", ttft, colour("first_token")), (name, other, colour("decode"))]
@@ -327,13 +356,20 @@ def plot_distributions(
     for label, vals, fill in series:
         if vals.size == 0:
             continue
-        xs = np.sort(vals)
-        ys = np.arange(1, xs.size + 1) / xs.size
-        ax_cdf.step(xs, ys, where="post", color=fill, label=f"{label}, n={xs.size}", gid=label)
+        # a log axis has no 0: gaps of 0 (tokens that came in one chunk) stay in the counts,
+        # so the CDF starts at their share, and the legend says how many there are
+        zeros = int(np.count_nonzero(vals <= 0))
+        xs = np.sort(vals[vals > 0])
+        ys = (zeros + np.arange(1, xs.size + 1)) / vals.size
+        text = f"{label}, n={vals.size}"
+        if zeros:
+            text += f"; {zeros} of 0 ms ({zeros / vals.size:.0%}): the curve starts there"
+        ax_cdf.step(xs, ys, where="post", color=fill, label=text, gid=label)
         # as fractions: thousands of ITL samples would flatten a hundred TTFTs to nothing
-        weights = np.full(vals.size, 1.0 / vals.size)
+        weights = np.full(xs.size, 1.0 / vals.size)
+        hist_label = label + (f" ({zeros} of 0 ms: no bin on a log axis)" if zeros else "")
         ax_hist.hist(
-            vals, bins=list(bins), weights=weights, color=fill, alpha=0.6, label=label, gid=label
+            xs, bins=list(bins), weights=weights, color=fill, alpha=0.6, label=hist_label, gid=label
         )
     for ax, title, ylabel in (
         (ax_cdf, "Distribution (CDF)", "fraction of samples ≤ x"),

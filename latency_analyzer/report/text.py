@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import math
 import statistics
+from dataclasses import dataclass, field
 
-from ..timeline import Waterfall
+from ..timeline import Span, Waterfall
 from ._common import scrub
 from .palette import STAGE_COLOURS, ansi256
 
@@ -47,20 +48,72 @@ def _headline(wf: Waterfall) -> str:
     return f"{wf.method} {wf.url}\n  {status} {version}, {how}{peer}{tls}"
 
 
+@dataclass
+class _Node:
+    """A span's share of the request: its self time and its children's, clipped as the
+    attribution clips them (so every nanosecond is counted once)."""
+
+    span: Span
+    self_ns: int
+    children: list[_Node] = field(default_factory=list)
+
+
+def _tree(span: Span, lo: int, hi: int) -> _Node:
+    start, end = max(span.start_ns, lo), min(span.end_ns, hi)
+    node = _Node(span, 0)
+    if end <= start:
+        return node
+    cursor, covered = start, 0
+    for child in span.children:
+        c_start, c_end = max(child.start_ns, cursor), min(child.end_ns, end)
+        if c_end < c_start:
+            continue
+        node.children.append(_tree(child, c_start, c_end))
+        covered += c_end - c_start
+        cursor = c_end
+    node.self_ns = (end - start) - covered
+    return node
+
+
+def _total(node: _Node) -> int:
+    return node.self_ns + sum(_total(c) for c in node.children)
+
+
+def _sub_rows(node: _Node) -> list[tuple[str, int]]:
+    """Inside a stage: each inner span by name (summed), then the stage's own residual."""
+    by_name: dict[str, int] = {}
+    for child in node.children:
+        source = child.span.source
+        label = child.span.name + ("" if source == "client" else f" ({source})")
+        by_name[label] = by_name.get(label, 0) + _total(child)
+    residual = "network" if any(c.span.source != node.span.source for c in node.children) else ""
+    rows = list(by_name.items())
+    if node.self_ns or residual:
+        rows.append((residual or f"{node.span.name} (self)", node.self_ns))
+    return rows
+
+
 def _rows(wf: Waterfall, colour: bool) -> list[str]:
     total = wf.e2e_ns
-    attribution = wf.attribution_ns()
-    rows = [f"  {'stage':<12} {'self':>10} {'ends at':>10}  |{'':<{_BAR_WIDTH}}|"]
-    for span in wf.root.children:
-        offset, self_ns = span.start_ns - wf.start_ns, attribution.get(span.name, span.duration_ns)
+    root = _tree(wf.root, wf.root.start_ns, wf.root.end_ns)
+    subs = {id(n): _sub_rows(n) for n in root.children if n.children}
+    width = max([12, *(len(label) + 4 for rows in subs.values() for label, _ in rows)])
+    rows = [f"  {'stage':<{width}} {'self':>10} {'ends at':>10}  |{'':<{_BAR_WIDTH}}|"]
+    for node in root.children:
+        span = node.span
+        offset = span.start_ns - wf.start_ns
         mark = " (interrupted)" if span.attributes.get("interrupted") else ""
         bar = _paint(_bar(offset, span.duration_ns, total).ljust(_BAR_WIDTH), span.name, colour)
-        ends = (span.end_ns - wf.start_ns) / 1e9
-        rows.append(f"  {span.name:<12} {_ms(self_ns / 1e9):>10} {_ms(ends):>10}  |{bar}|{mark}")
-    for residual in ("network", "other"):
-        if attribution.get(residual):
-            rows.append(f"  {residual:<12} {_ms(attribution[residual] / 1e9):>10}")
-    rows.append(f"  {'e2e':<12} {_ms(wf.e2e):>10}   (stages above add up to it)")
+        ends = _ms((span.end_ns - wf.start_ns) / 1e9)
+        # a stage with spans inside (server spans merged in) shows its length in brackets:
+        # the rows under it tell its time, so the self column still adds up to e2e
+        own = f"({_ms(_total(node) / 1e9)})" if node.children else _ms(node.self_ns / 1e9)
+        rows.append(f"  {span.name:<{width}} {own:>10} {ends:>10}  |{bar}|{mark}")
+        for label, ns in subs.get(id(node), []):
+            rows.append(f"    ↳ {label:<{width - 4}} {_ms(ns / 1e9):>10}")
+    if root.self_ns:
+        rows.append(f"  {'other':<{width}} {_ms(root.self_ns / 1e9):>10}")
+    rows.append(f"  {'e2e':<{width}} {_ms(wf.e2e):>10}   (the self times above add up to it)")
     return rows
 
 

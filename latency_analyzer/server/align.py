@@ -11,6 +11,12 @@
 The midpoint is the estimate and half the width its uncertainty. Across requests to one server
 the brackets intersect (the tightest bounds win); an empty intersection means the clocks
 drifted, or a span was matched to the wrong request, and is reported, never papered over.
+
+A lower bound above the upper bound contradicts the client's observations (a server instant
+stamped late, in another process than the one that sent the bytes). Such a bound is left out
+of the bracket and kept in ``Bracket.contradicted`` with the amount by which it overshoots the
+upper bound; the others still bound the offset. Only when every lower bound contradicts the
+upper one does the request give no bracket that fits (``Bracket.fits`` is False).
 """
 
 from __future__ import annotations
@@ -21,15 +27,28 @@ from dataclasses import dataclass
 from ..timeline import Waterfall
 from .schemas import ServerStages
 
-__all__ = ["Bracket", "ClockOffset", "bracket", "combine"]
+__all__ = ["BOUNDS", "Bracket", "ClockOffset", "bracket", "combine"]
+
+#: The bounds one request can give, by name: ``arrival`` is the upper bound, the rest lower.
+BOUNDS = ("arrival", "first_token", "last_token", "done")
 
 
 @dataclass(frozen=True, slots=True)
 class Bracket:
-    """Bounds on ``offset_ns`` (server − client, ns) from one request: ``lo ≤ offset ≤ hi``."""
+    """Bounds on ``offset_ns`` (server − client, ns) from one request: ``lo ≤ offset ≤ hi``.
+
+    Attributes:
+        lo_ns, hi_ns: the bracket of the bounds that agree.
+        contradicted: ``(bound name, ns above hi_ns)`` of each lower bound left out because
+            it lies above the upper bound; when every lower bound does, none is left out and
+            the bracket does not fit.
+        lows: ``(bound name, value ns)`` of every lower bound, contradicted ones included.
+    """
 
     lo_ns: int
     hi_ns: int
+    contradicted: tuple[tuple[str, int], ...] = ()
+    lows: tuple[tuple[str, int], ...] = ()
 
     @property
     def fits(self) -> bool:
@@ -81,16 +100,20 @@ def bracket(wf: Waterfall, stages: ServerStages) -> Bracket | None:
         return None
     to_epoch = wf.anchor.to_epoch_ns
     hi = stages.arrival_ns - to_epoch(send.start_ns)
-    lows = []
+    lows: list[tuple[str, int]] = []
     if stages.first_token_ns is not None and wf.first_token_ns is not None:
-        lows.append(stages.first_token_ns - to_epoch(wf.first_token_ns))
+        lows.append(("first_token", stages.first_token_ns - to_epoch(wf.first_token_ns)))
     if stages.last_token_ns is not None and wf.last_token_ns is not None:
-        lows.append(stages.last_token_ns - to_epoch(wf.last_token_ns))
+        lows.append(("last_token", stages.last_token_ns - to_epoch(wf.last_token_ns)))
     if stages.done_ns is not None:
-        lows.append(stages.done_ns - to_epoch(wf.end_ns))
+        lows.append(("done", stages.done_ns - to_epoch(wf.end_ns)))
     if not lows:
         return None
-    return Bracket(max(lows), hi)
+    agreeing = [value for _, value in lows if value <= hi]
+    if not agreeing:  # the upper bound against every lower one: nothing to trust over it
+        return Bracket(max(value for _, value in lows), hi, (), tuple(lows))
+    against = tuple((name, value - hi) for name, value in lows if value > hi)
+    return Bracket(max(agreeing), hi, against, tuple(lows))
 
 
 def combine(brackets: Iterable[Bracket | None]) -> ClockOffset | None:

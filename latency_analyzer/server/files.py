@@ -30,27 +30,34 @@ class OTLPJsonLinesParser:
         self.max_line = max_line
         self.errors: list[tuple[int, str]] = []
         self._buffer = bytearray()
+        self._scanned = 0  # bytes of the buffer known to hold no newline
         self._line = 0
         self._skipping = False
 
     def feed(self, data: bytes) -> list[ServerSpan]:
-        """Spans from every line that ``data`` completes."""
+        """Spans from every line that ``data`` completes.
+
+        Each byte is searched for a newline once, however small the pieces: feeding a long
+        line a few bytes at a time costs time linear in its length.
+        """
         out: list[ServerSpan] = []
-        self._buffer += data
-        while (end := self._buffer.find(b"\n")) >= 0:
-            line = bytes(self._buffer[:end])
-            del self._buffer[: end + 1]
+        buffer = self._buffer
+        buffer += data
+        start = 0
+        while (end := buffer.find(b"\n", max(start, self._scanned))) >= 0:
+            line = bytes(buffer[start:end])
+            start = end + 1
             out += self._line_done(line)
-        if len(self._buffer) > self.max_line and not self._skipping:
+        del buffer[:start]
+        if self._skipping or len(buffer) > self.max_line:
             self._skipping = True
-            self._buffer.clear()
-        elif self._skipping:
-            self._buffer.clear()
+            buffer.clear()
+        self._scanned = len(buffer)
         return out
 
     def close(self) -> list[ServerSpan]:
         """Spans of a last line without a newline."""
-        line, self._buffer = bytes(self._buffer), bytearray()
+        line, self._buffer, self._scanned = bytes(self._buffer), bytearray(), 0
         return self._line_done(line) if line.strip() or self._skipping else []
 
     def _line_done(self, line: bytes) -> list[ServerSpan]:

@@ -12,6 +12,10 @@ ground truth as ``time.perf_counter_ns()`` instants. Delays are exact to a few m
 * :class:`DelayProxy`: TCP proxy adding a one-way delay to every chunk, both ways.
 * :class:`H2LLMServer`: the LLM server over HTTP/2 (TLS + ALPN or h2c), with frame-level
   faults (RST_STREAM, GOAWAY, connection close) and a chosen max-concurrent-streams.
+* :class:`ALPNLLMServer`: HTTP/2 and HTTP/1.1 on one TLS port, chosen by ALPN, with an
+  optional delay before each handshake.
+* :class:`TestBed`: DNS + delay proxy + :class:`ALPNLLMServer` in a child process, with
+  the child's records as ground truth.
 
 Example::
 
@@ -29,6 +33,8 @@ Example::
 """
 
 from ._timing import sleep_until
+from .alpn_server import ALPNLLMServer, Handshake
+from .bed import TestBed
 from .delay_proxy import DelayProxy
 from .dns_server import DNSQuery, DNSServer
 from .h2_server import H2LLMServer, H2StreamRecord
@@ -45,15 +51,18 @@ from .tls import SERVER_NAMES, TestCA
 __all__ = [
     "FAULTS",
     "SERVER_NAMES",
+    "ALPNLLMServer",
     "Behavior",
     "DNSQuery",
     "DNSServer",
     "DelayProxy",
     "H2LLMServer",
     "H2StreamRecord",
+    "Handshake",
     "LLMServer",
     "RequestRecord",
     "SubprocessLLMServer",
+    "TestBed",
     "TestCA",
     "sleep_until",
     "token_text",

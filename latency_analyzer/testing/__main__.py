@@ -3,7 +3,8 @@
 ``python -m latency_analyzer.testing [--decode S] [--prefill S] ...`` serves an
 :class:`~latency_analyzer.testing.LLMServer` and a :class:`~latency_analyzer.testing.DNSServer`
 on loopback until interrupted, printing their addresses. ``llm-server CONFIG_JSON`` is the
-child side of :meth:`LLMServer.run_in_subprocess` (not meant for humans).
+child side of :meth:`LLMServer.run_in_subprocess` and ``bed CONFIG_JSON`` that of
+:class:`~latency_analyzer.testing.TestBed` (neither is meant for humans).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import asyncio
 import contextlib
 import sys
 
+from ._priority import realtime
+from .bed import serve_bed
 from .dns_server import DNSServer
 from .llm_server import LLMServer, serve_in_child
 
@@ -40,7 +43,12 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point of ``python -m latency_analyzer.testing``."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["llm-server"]:
+        realtime()  # ground truth that host load cannot delay, where the OS allows it
         serve_in_child(argv[1])
+        return
+    if argv[:1] == ["bed"]:
+        realtime()
+        serve_bed(argv[1])
         return
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_serve(_parse(argv)))

@@ -8,9 +8,13 @@ Same knobs and timeline as :class:`~latency_analyzer.testing.LLMServer` (``heade
 * ``"h2_fault": "rst_stream"`` ends that stream with RST_STREAM after ``fault_after`` tokens;
 * ``"h2_fault": "goaway"`` sends GOAWAY (last stream id = this stream) after ``fault_after``
   tokens: this stream completes, streams opened after it are refused;
-* ``"h2_fault": "close"`` closes the TCP connection after ``fault_after`` tokens.
+* ``"h2_fault": "close"`` closes the TCP connection after ``fault_after`` tokens;
+* ``"h2_fault": "bad_status"`` answers with ``:status: 2x0`` (not a status code) and ends;
+* ``"h2_fault": "nested_500"`` answers 500 with a JSON body of 5,000 ``[`` (nesting that a
+  recursive parser cannot take).
 
-``max_concurrent_streams`` is announced in the server's SETTINGS.
+``max_concurrent_streams`` is announced in the server's SETTINGS. ``send_settings=False``
+makes a server that accepts connections, reads them and never sends a byte (no SETTINGS).
 """
 
 from __future__ import annotations
@@ -34,12 +38,18 @@ import h2.exceptions
 import h2.settings
 import hyperframe.frame
 
+from ._priority import realtime
 from ._timing import Service, check_loopback, deadline_after, sleep_until
 from .llm_server import Behavior, token_text
 
 __all__ = ["H2LLMServer", "H2StreamRecord", "SubprocessH2LLMServer"]
 
-H2_FAULTS = frozenset({"rst_stream", "goaway", "close"})
+H2_FAULTS = frozenset({"rst_stream", "goaway", "close", "bad_status", "nested_500"})
+
+_HEADER_FAULTS = {
+    "bad_status": ([(":status", "2x0")], b""),
+    "nested_500": ([(":status", "500"), ("content-type", "application/json")], b"[" * 5000),
+}
 
 
 @dataclass(frozen=True)
@@ -79,12 +89,19 @@ class _Conn(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         self.server.open.add(self)
+        if not self.server.send_settings:
+            return
         # in the preface's own SETTINGS (update_settings would send a second frame after it)
         limit = {
             h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: self.server.max_concurrent_streams
         }
         self.h2.local_settings = h2.settings.Settings(client=False, initial_values=limit)
         self.h2.initiate_connection()
+        if self.server.initial_window_size is not None:
+            # a second SETTINGS frame: h2 enforces it only once the client acknowledged it,
+            # as RFC 9113 §6.9.2 requires (the first frame's values apply at once)
+            window = self.server.initial_window_size
+            self.h2.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: window})
         self.flush()
 
     def connection_lost(self, exc: BaseException | None) -> None:
@@ -99,6 +116,8 @@ class _Conn(asyncio.Protocol):
             self.transport.write(data)
 
     def data_received(self, data: bytes) -> None:
+        if not self.server.send_settings:
+            return  # a peer that never settles: everything read is ignored
         try:
             events = self.h2.receive_data(data)
         except h2.exceptions.ProtocolError:
@@ -187,6 +206,14 @@ class _Exchange:
         await sleep_until(headers_due)
         self.headers_ns = time.perf_counter_ns()
         h2c = self.conn.h2
+        if self.fault in _HEADER_FAULTS:
+            fields, body = _HEADER_FAULTS[self.fault]
+            h2c.send_headers(self.stream_id, fields, end_stream=not body)
+            self.conn.flush()
+            if body:
+                await self.conn.send(self.stream_id, body, end=True)
+            self._publish()
+            return
         h2c.send_headers(
             self.stream_id, [(":status", "200"), ("content-type", "text/event-stream")]
         )
@@ -286,6 +313,8 @@ class H2LLMServer(Service):
     Args:
         ssl: a server context (ALPN ``h2`` is set on it); None serves prior-knowledge h2c.
         max_concurrent_streams: announced in SETTINGS; streams beyond it are refused by h2.
+        send_settings: False: never send SETTINGS (nor anything else) on any connection.
+        initial_window_size: announced in SETTINGS (None: the protocol's 65,535 bytes).
         host, port: loopback address and port (0: any free port).
         **knobs: the default :class:`Behavior` (``header_delay``, ``prefill``, ``decode``, ...).
 
@@ -299,6 +328,8 @@ class H2LLMServer(Service):
         *,
         ssl: ssl_module.SSLContext | None = None,
         max_concurrent_streams: int = 100,
+        send_settings: bool = True,
+        initial_window_size: int | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
         **knobs: Any,
@@ -308,6 +339,8 @@ class H2LLMServer(Service):
         if ssl is not None:
             ssl.set_alpn_protocols(["h2"])
         self.max_concurrent_streams = max_concurrent_streams
+        self.send_settings = send_settings
+        self.initial_window_size = initial_window_size
         self._host, self._port = check_loopback(host), port
         self.records: list[H2StreamRecord] = []
         self.connections = 0
@@ -391,6 +424,7 @@ class SubprocessH2LLMServer:
 def _child() -> None:
     """Child-process entry: serve until stdin closes; print the port first."""
     config = json.loads(sys.argv[1])
+    realtime()  # ground truth that host load cannot delay, where the OS allows it
 
     async def serve() -> None:
         context = None

@@ -3,11 +3,21 @@
 from ._clock import ClockAnchor, process_anchor, take_anchor
 from ._recorder import Recorder
 from ._span import AttrValue, Span, exclusive_ns
-from ._stages import CLIENT_STAGES, METRICS, RESIDUALS, ROOT_NAME, SERVER_STAGES, Source
+from ._stages import (
+    BACKGROUND_STAGES,
+    CLIENT_STAGES,
+    METRICS,
+    RESIDUALS,
+    ROOT_NAME,
+    SERVER_STAGES,
+    Source,
+)
+from ._tcpinfo import TcpInfo
 from ._tokens import distribute_tokens, per_token_gaps_ns
 from ._waterfall import ConnectionInfo, TlsInfo, Waterfall
 
 __all__ = [
+    "BACKGROUND_STAGES",
     "CLIENT_STAGES",
     "METRICS",
     "RESIDUALS",
@@ -19,6 +29,7 @@ __all__ = [
     "Recorder",
     "Source",
     "Span",
+    "TcpInfo",
     "TlsInfo",
     "Waterfall",
     "distribute_tokens",

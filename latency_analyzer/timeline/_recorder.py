@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import UsageError
 from ._clock import ClockAnchor, process_anchor
 from ._span import AttrValue, Span
-from ._stages import ROOT_NAME
+from ._stages import CLIENT_STAGES, ROOT_NAME
+from ._tcpinfo import TcpInfo
 from ._tokens import distribute_tokens
 from ._waterfall import ConnectionInfo, TlsInfo, Waterfall
 
 __all__ = ["Recorder"]
+
+_STAGE_NAMES = frozenset(CLIENT_STAGES)
 
 
 @dataclass(slots=True)
@@ -58,6 +62,8 @@ class Recorder:
         self.http_version: str | None = None
         self.tls: TlsInfo | None = None
         self.connection = ConnectionInfo()
+        self.tcp_connect: TcpInfo | None = None
+        self.tcp_end: TcpInfo | None = None
         self.error: str | None = None
         self.error_type: str | None = None
         self.usage_prompt: int | None = None
@@ -65,10 +71,17 @@ class Recorder:
         self.attributes: dict[str, AttrValue] = {}
         self.interrupted = False
         self._finished = False
+        self._lags: list[int] = []  # userspace - kernel instant of every read of the response
+        self._kernel_reads = 0
+        self._user_reads = 0
+        self._refused: str | None = None
+        self.multi_event_reads = 0
 
     # -- stages --
     def begin(self, name: str, t_ns: int, **attrs: AttrValue) -> None:
-        """Open stage ``name`` at ``t_ns``."""
+        """Open stage ``name`` (one of ``CLIENT_STAGES``) at ``t_ns``."""
+        if name not in _STAGE_NAMES:
+            raise UsageError(f"{name!r} is not a client stage (one of {', '.join(CLIENT_STAGES)})")
         if name in self._open:
             raise UsageError(f"stage {name!r} is already open")
         self._open[name] = (t_ns, dict(attrs))
@@ -81,6 +94,15 @@ class Recorder:
             raise UsageError(f"stage {name!r} was not begun") from None
         opened.update(attrs)
         self.add(name, start, max(start, t_ns), **opened)
+
+    def move_start(self, name: str, t_ns: int) -> None:
+        """Start the open stage ``name`` at ``t_ns`` instead: a boundary known only later (the
+        instant a query left, read once the lookup is done)."""
+        try:
+            _, opened = self._open[name]
+        except KeyError:
+            raise UsageError(f"stage {name!r} was not begun") from None
+        self._open[name] = (t_ns, opened)
 
     def add(self, name: str, start_ns: int, end_ns: int, **attrs: AttrValue) -> None:
         """Record a closed stage."""
@@ -97,6 +119,27 @@ class Recorder:
         """End of the last closed stage called ``name``."""
         ends = [s.end_ns for s in self._spans if s.name == name]
         return ends[-1] if ends else None
+
+    # -- reads --
+    def read(
+        self, kernel_ns: int, user_ns: int, stamped: bool = True, refused: str | None = None
+    ) -> None:
+        """One read of response bytes: the kernel's arrival time and when we got the bytes.
+
+        ``stamped`` False: the kernel gave no stamp (``refused`` says why, when known) and
+        ``kernel_ns`` is the userspace instant; the waterfall's ``clock_source`` says so.
+        """
+        if stamped:
+            self._kernel_reads += 1
+            self._lags.append(user_ns - kernel_ns)
+        else:
+            self._user_reads += 1
+            if refused is not None:
+                self._refused = refused
+
+    def multi_event_read(self) -> None:
+        """One read carried several content chunks: they share that read's kernel stamp."""
+        self.multi_event_reads += 1
 
     # -- response --
     def response_headers(self, t_ns: int, status: int | None = None) -> None:
@@ -141,6 +184,7 @@ class Recorder:
         self._finished = True
         for name in list(self._open):
             self.end(name, t_ns, interrupted=self.interrupted)
+        self._clip_send()
         end_ns = max([t_ns, *(s.end_ns for s in self._spans)])
         spans = [*self._lag_span(), *self._spans, *self._response_spans(end_ns)]
         # a request a scheduler started early (clock conversion, a few µs) starts when it did
@@ -169,7 +213,45 @@ class Recorder:
             connection=self.connection,
             anchor=self.anchor,
             attributes=self.attributes,
+            tcp_connect=self.tcp_connect,
+            tcp_end=self.tcp_end,
+            **self._read_fields(),
         )
+
+    def _read_fields(self) -> dict[str, Any]:
+        """clock_source, read lag and read counts for the Waterfall."""
+        kernel, user = self._kernel_reads, self._user_reads
+        if not kernel and not user:
+            return {}
+        source = "kernel" if not user else "userspace" if not kernel else "mixed"
+        if self._refused is not None:
+            self.attributes.setdefault("clock_note", self._refused)
+        out: dict[str, Any] = {
+            "clock_source": source,
+            "reads": kernel + user,
+            "multi_event_reads": self.multi_event_reads,
+        }
+        if self._lags:
+            lags = sorted(self._lags)
+            out["read_lag_p50_ns"] = lags[(len(lags) - 1) // 2]
+            out["read_lag_max_ns"] = lags[-1]
+        return out
+
+    def _clip_send(self) -> None:
+        """A ``send`` whose last byte left after the response headers arrived (a server that
+        answered before reading the whole body, or a drain noticed late) ends at the headers:
+        the stages stay in path order and ``wait`` is zero."""
+        headers = self.headers_ns
+        if headers is None:
+            return
+        for i, span in enumerate(self._spans):
+            if span.name == "send" and span.end_ns > headers:
+                attrs = {
+                    **span.attributes,
+                    "last_byte_after_headers_ms": (span.end_ns - headers) / 1e6,
+                }
+                end = max(span.start_ns, headers)
+                self._spans[i] = Span("send", span.start_ns, end, span.source, attrs)
 
     def _lag_span(self) -> list[Span]:
         if self.intended_start_ns is None:

@@ -12,6 +12,7 @@ from typing import Any
 from ..errors import UsageError
 from ._clock import ClockAnchor
 from ._span import Span
+from ._tcpinfo import TcpInfo
 from ._waterfall import ConnectionInfo, TlsInfo, Waterfall
 
 __all__ = [
@@ -62,6 +63,9 @@ _SCALARS = (
 )
 
 
+_READ_FIELDS = ("clock_source", "read_lag_p50_ns", "read_lag_max_ns", "reads", "multi_event_reads")
+
+
 def waterfall_to_dict(wf: Waterfall) -> dict[str, Any]:
     """A JSON-ready dict holding everything in ``wf``."""
     out: dict[str, Any] = {"schema": SCHEMA_VERSION, "root": span_to_dict(wf.root)}
@@ -72,6 +76,13 @@ def waterfall_to_dict(wf: Waterfall) -> dict[str, Any]:
     out["connection"] = _fields(wf.connection)
     out["anchor"] = None if wf.anchor is None else _fields(wf.anchor)
     out["attributes"] = dict(wf.attributes)
+    for key in ("tcp_connect", "tcp_end"):  # only when read: older readers see no new keys
+        reading = getattr(wf, key)
+        if reading is not None:
+            out[key] = _fields(reading)
+    for name in _READ_FIELDS:  # written only when reads were recorded
+        if wf.reads:
+            out[name] = getattr(wf, name)
     return out
 
 
@@ -94,7 +105,10 @@ def waterfall_from_dict(data: Mapping[str, Any]) -> Waterfall:
         connection=ConnectionInfo(**data.get("connection", {})),
         anchor=ClockAnchor(**data["anchor"]) if data.get("anchor") else None,
         attributes=data.get("attributes", {}),
+        tcp_connect=TcpInfo(**data["tcp_connect"]) if data.get("tcp_connect") else None,
+        tcp_end=TcpInfo(**data["tcp_end"]) if data.get("tcp_end") else None,
         **scalars,
+        **{name: data[name] for name in _READ_FIELDS if name in data},
     )
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from ..errors import UsageError
-from ._stages import Source
+from ._stages import BACKGROUND_STAGES, Source
 
 __all__ = ["AttrValue", "Span", "exclusive_ns"]
 
@@ -83,11 +83,17 @@ def _residual_name(span: Span, is_root: bool) -> str:
     return span.name
 
 
+def _background(span: Span) -> bool:
+    return span.source == "client" and span.name in BACKGROUND_STAGES
+
+
 def _attribute(span: Span, lo: int, hi: int, is_root: bool, out: dict[str, int]) -> None:
     """Add the self time of ``span`` clipped to ``[lo, hi]``, then recurse.
 
     Children are clipped to their parent and to the end of the previous sibling (earlier start
-    wins an overlap), so every nanosecond of the root is counted exactly once.
+    wins an overlap), so every nanosecond of the root is counted exactly once. Background
+    stages (``BACKGROUND_STAGES``) are left out of that sweep and get only the gaps it leaves
+    inside their own interval.
     """
     start, end = max(span.start_ns, lo), min(span.end_ns, hi)
     key = _residual_name(span, is_root)
@@ -96,21 +102,50 @@ def _attribute(span: Span, lo: int, hi: int, is_root: bool, out: dict[str, int])
         return
     cursor = start
     covered = 0
+    taken: list[tuple[int, int]] = []  # disjoint, in time order: what the sweep gave out
     for child in span.children:
+        if _background(child):
+            continue
         c_start, c_end = max(child.start_ns, cursor), min(child.end_ns, end)
         if c_end < c_start:
             continue
         _attribute(child, c_start, c_end, False, out)
         covered += c_end - c_start
         cursor = c_end
+        taken.append((c_start, c_end))
+    for child in span.children:
+        if not _background(child):
+            continue
+        out.setdefault(child.name, 0)  # present (maybe 0) whenever the stage happened
+        for g_start, g_end in _gaps(taken, max(child.start_ns, start), min(child.end_ns, end)):
+            _attribute(child, g_start, g_end, False, out)
+            covered += g_end - g_start
+            taken.append((g_start, g_end))
+        taken.sort()
     out[key] += (end - start) - covered
+
+
+def _gaps(taken: list[tuple[int, int]], lo: int, hi: int) -> Iterator[tuple[int, int]]:
+    """The parts of ``[lo, hi]`` outside every interval of ``taken`` (disjoint, sorted)."""
+    cursor = lo
+    for t_start, t_end in taken:
+        if t_end <= cursor:
+            continue
+        if t_start >= hi:
+            break
+        if t_start > cursor:
+            yield cursor, t_start
+        cursor = max(cursor, t_end)
+    if cursor < hi:
+        yield cursor, hi
 
 
 def exclusive_ns(root: Span) -> dict[str, int]:
     """Exclusive (self) time per name along the tree; values sum to ``root.duration_ns``.
 
     The root's own self time is named ``other``; a span holding children from another source
-    (server spans inside a client stage) names its self time ``network``.
+    (server spans inside a client stage) names its self time ``network``. A background stage
+    (``h2_setup``) overlapping later stages is given only the time none of them covers.
     """
     out: dict[str, int] = {}
     _attribute(root, root.start_ns, root.end_ns, True, out)

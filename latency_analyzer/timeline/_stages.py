@@ -21,6 +21,11 @@ CLIENT_STAGES: Final = (
     "tail",
 )
 
+#: Client stages that run alongside the ones after them instead of before them: ``h2_setup``
+#: waits for the server's SETTINGS while the first request is already sent and answered. Their
+#: exclusive time is only the part of their interval that no other stage covers.
+BACKGROUND_STAGES: Final = frozenset({"h2_setup"})
+
 #: Children the server's own spans give to ``wait`` / ``first_token`` / ``decode``.
 SERVER_STAGES: Final = ("server_queue", "preprocess", "prefill", "decode", "postprocess")
 

@@ -9,7 +9,9 @@ from typing import Any
 
 from ..errors import RequestError, UsageError
 from ._clock import ClockAnchor
+from ._display import present
 from ._span import AttrValue, Span, exclusive_ns
+from ._tcpinfo import TcpInfo
 from ._tokens import per_token_gaps_ns
 
 __all__ = ["ConnectionInfo", "TlsInfo", "Waterfall"]
@@ -54,6 +56,15 @@ class Waterfall:
     ``root`` spans from the request's start (its intended start, in an open-loop run) to its
     end; its children are the client stages. Token arrivals are kept per content-carrying chunk
     (``chunk_times_ns``) with the number of tokens each chunk carried (``chunk_tokens``).
+    ``tcp_connect`` is the kernel's view of the connection (``TCP_INFO``) once it was set up,
+    ``tcp_end`` the same at the end of this request (None: not TCP, or not Linux).
+
+    Arrival instants are the kernel's receive timestamps of the reads that brought the bytes
+    where ``clock_source`` is ``"kernel"`` (``"userspace"``: when our event loop read them;
+    ``"mixed"``: some of each; None: nothing was read). The kernel stamps a read's last
+    segment, so chunks that shared one read (``multi_event_reads`` counts such reads) share
+    its stamp. ``read_lag_p50_ns`` / ``read_lag_max_ns``: how long after the kernel's stamp
+    our event loop read the bytes (median and worst of the response's ``reads``).
     """
 
     root: Span
@@ -74,6 +85,13 @@ class Waterfall:
     connection: ConnectionInfo = field(default_factory=ConnectionInfo)
     anchor: ClockAnchor | None = None
     attributes: Mapping[str, AttrValue] = field(default_factory=dict, hash=False)
+    tcp_connect: TcpInfo | None = None
+    tcp_end: TcpInfo | None = None
+    clock_source: str | None = None
+    read_lag_p50_ns: int | None = None
+    read_lag_max_ns: int | None = None
+    reads: int = 0
+    multi_event_reads: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.attributes, MappingProxyType):
@@ -150,6 +168,26 @@ class Waterfall:
         return _s(self.ttft_ns)
 
     @property
+    def ttft_wire_ns(self) -> int | None:
+        """First request byte handed to the kernel (``send`` start) to the first token's
+        arrival: what the network and the server cost, without our own work before sending."""
+        first, send = self.first_token_ns, self.stage("send")
+        return None if first is None or send is None else first - send.start_ns
+
+    @property
+    def ttft_wire(self) -> float | None:
+        return _s(self.ttft_wire_ns)
+
+    @property
+    def read_lag_p50(self) -> float | None:
+        """Median seconds between a read's kernel stamp and our event loop getting it."""
+        return _s(self.read_lag_p50_ns)
+
+    @property
+    def read_lag_max(self) -> float | None:
+        return _s(self.read_lag_max_ns)
+
+    @property
     def ttfrt(self) -> float | None:
         """Time to first reasoning token (``reasoning_content``), None without reasoning."""
         t = self.first_reasoning_ns
@@ -195,31 +233,26 @@ class Waterfall:
 
         return waterfall_from_dict(data)
 
-    # -- presentation, loaded on first use (the model itself imports none of it) --
+    # -- presentation: registered by the layers that draw and diagnose (``_display``) --
     def plot(self, ax: Any = None) -> Any:
         """A waterfall/Gantt plot of this request (needs ``latency-analyzer[plots]``)."""
-        from ..report.plot import plot_waterfall
-
-        return plot_waterfall(self, ax)
+        return present("waterfall.plot", self, ax)
 
     def diagnose(self, **kwargs: Any) -> list[Any]:
         """Findings (evidence, likely cause, remedy), most time at stake first."""
-        from ..diagnose import diagnose
-
-        return diagnose(self, **kwargs)
+        result: list[Any] = present("waterfall.diagnose", self, **kwargs)
+        return result
 
     def _repr_html_(self) -> str:
-        from ..report.html import waterfall_html
-
-        return waterfall_html(self)
+        html: str = present("waterfall.html", self)
+        return html
 
     def _repr_png_(self) -> bytes | None:
-        from ..report.html import waterfall_png
-
         try:
-            return waterfall_png(self)
+            png: bytes = present("waterfall.png", self)
         except UsageError:  # matplotlib not installed: the HTML form still shows
             return None
+        return png
 
     def raise_for_error(self) -> Waterfall:
         """Raise ``RequestError`` if the request failed; return self otherwise."""
@@ -251,12 +284,28 @@ class Waterfall:
             "connection_reused": self.connection.reused,
             "tls": None if self.tls is None else _tls_dict(self.tls),
             "start_epoch_ns": self.start_epoch_ns,
+            **({} if self.tcp_end is None else {"tcp": _tcp_dict(self.tcp_end)}),
+            "ttft_wire_s": self.ttft_wire,
+            "clock_source": self.clock_source,
+            "read_lag_p50_s": self.read_lag_p50,
+            "read_lag_max_s": self.read_lag_max,
+            "multi_event_reads": self.multi_event_reads,
         }
 
     def __repr__(self) -> str:
         parts = ", ".join(f"{k}={v * 1e3:.2f}ms" for k, v in self.attribution().items() if v)
         status = f"error={self.error_type!r}" if self.error else f"status={self.status}"
         return f"<Waterfall {self.method} {self.url} {status} e2e={self.e2e * 1e3:.2f}ms {parts}>"
+
+
+def _tcp_dict(tcp: TcpInfo) -> dict[str, object]:
+    """The CLI's view: seconds, and the counters that tell loss."""
+    return {
+        "rtt_s": tcp.rtt,
+        "min_rtt_s": None if tcp.min_rtt_us is None else tcp.min_rtt_us / 1e6,
+        "total_retrans": tcp.total_retrans,
+        "lost": tcp.lost,
+    }
 
 
 def _tls_dict(tls: TlsInfo) -> dict[str, object]:

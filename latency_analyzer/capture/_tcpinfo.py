@@ -1,0 +1,68 @@
+"""Read Linux ``TCP_INFO`` from a connected socket into a :class:`~..timeline.TcpInfo`.
+
+``struct tcp_info`` (``include/uapi/linux/tcp.h``) grows at its end as kernels add fields, and
+``getsockopt`` copies at most what the kernel has: fields past the returned length are left
+out (None). Elsewhere than Linux, or on a socket that is not TCP, nothing is read.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import sys
+from typing import Any
+
+from ..timeline import TcpInfo
+from ._state import now_ns
+
+__all__ = ["read_tcp_info", "tcp_info_of"]
+
+_TCP_INFO = getattr(socket, "TCP_INFO", 11)
+_LENGTH = 232  # up to tcpi_snd_wnd; a longer struct is cut, a shorter one returned as is
+# (name, format, offset) of the fields we keep
+_FIELDS = (
+    ("retransmits", "B", 2),
+    ("rto_us", "I", 8),
+    ("lost", "I", 32),
+    ("rtt_us", "I", 68),
+    ("rttvar_us", "I", 72),
+    ("snd_cwnd", "I", 80),
+    ("reordering", "I", 88),
+    ("total_retrans", "I", 100),
+    ("segs_out", "I", 136),
+    ("min_rtt_us", "I", 148),
+    ("delivery_rate", "Q", 160),
+    ("bytes_retrans", "Q", 208),
+    ("rcv_ooopack", "I", 224),
+)
+
+
+def decode_tcp_info(raw: bytes, at_ns: int) -> TcpInfo | None:
+    """The fields of a ``struct tcp_info`` byte string (native order); None if too short."""
+    values: dict[str, int | None] = {}
+    for name, fmt, offset in _FIELDS:
+        size = struct.calcsize(fmt)
+        values[name] = (
+            struct.unpack_from("=" + fmt, raw, offset)[0] if len(raw) >= offset + size else None
+        )
+    if values["total_retrans"] is None:  # older than any kernel we know: say nothing
+        return None
+    return TcpInfo(at_ns=at_ns, **values)  # type: ignore[arg-type]  # required ones checked above
+
+
+def read_tcp_info(sock: Any) -> TcpInfo | None:
+    """One reading from ``sock`` (a socket or asyncio's ``TransportSocket``), or None."""
+    if not sys.platform.startswith("linux") or sock is None:
+        return None
+    try:
+        raw = sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, _LENGTH)
+    except (OSError, ValueError):  # closed, or not a TCP socket
+        return None
+    return decode_tcp_info(raw, now_ns())
+
+
+def tcp_info_of(transport: Any) -> TcpInfo | None:
+    """One reading from the socket under an asyncio transport (TLS or plain), or None."""
+    if transport is None:
+        return None
+    return read_tcp_info(transport.get_extra_info("socket"))

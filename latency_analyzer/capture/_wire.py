@@ -1,0 +1,217 @@
+"""Sockets that read with the kernel's receive timestamp and note when bytes are sent.
+
+asyncio's selector transports read a connected socket with ``sock.recv`` (a plain protocol)
+or ``sock.recv_into`` (a buffered one, as its TLS protocol is), and write with ``sock.send``
+(or ``sendmsg``). :class:`StampedSocket` overrides exactly those: ``SO_TIMESTAMPNS`` is
+enabled when the socket is made, every read is a ``recvmsg`` whose ancillary data carries the
+kernel's receive time of the last segment the read returned, and every send notes the instant
+before its syscall and after it returned.
+
+The stamps live in a :class:`WireStamps` owned by the socket. The protocol that sees the
+bytes (aiohttp's, TLS's application protocol, the HTTP/2 connection) finds it with
+:func:`wire_of` from the transport's ``socket`` extra (the descriptor names it) and reads the
+last stamp inside ``data_received``: asyncio calls that in the same callback as the read, and
+TLS decrypts synchronously there too, so the last ciphertext read is what completed the
+plaintext handed over.
+
+The kernel stamps ``CLOCK_REALTIME``; the process's clock anchor maps it onto
+``perf_counter_ns`` (``CLOCK_MONOTONIC``). Where the option is refused or the platform is not
+Linux, reads fall back to the userspace instant and :attr:`WireStamps.kernel` says False, with
+the reason in :attr:`WireStamps.refused`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import platform
+import socket
+import struct
+import sys
+import time
+import weakref
+from typing import Any
+
+from ..timeline import process_anchor
+
+__all__ = ["StampedSocket", "WireStamps", "kernel_stamps_supported", "wire_of"]
+
+_now = time.perf_counter_ns
+
+# SO_TIMESTAMPNS (the "old" value, a native struct timespec) of Linux's generic socket ABI:
+# Python does not export it. Architectures with their own numbering are left to userspace.
+_SO_TIMESTAMPNS = 35
+_GENERIC_ABI = {"x86_64", "amd64", "aarch64", "arm64", "riscv64", "i686", "i386", "armv7l"}
+_ANC_SIZE = socket.CMSG_SPACE(16)
+_TIMESPEC = {16: struct.Struct("@qq"), 8: struct.Struct("@ii")}
+
+
+def kernel_stamps_supported() -> str | None:
+    """None when this platform can stamp reads in the kernel, else why not."""
+    if not sys.platform.startswith("linux"):
+        return f"kernel receive timestamps are read on Linux only (this is {sys.platform})"
+    machine = platform.machine().lower()
+    if machine not in _GENERIC_ABI:
+        return f"SO_TIMESTAMPNS numbering of {machine!r} is not known here"
+    return None
+
+
+_UNSUPPORTED = kernel_stamps_supported()
+_keeper: list[socket.socket] = []
+
+
+def _keep_stamping_on() -> None:
+    """Hold one stamping socket open for the life of the process.
+
+    The kernel timestamps arriving packets only while some socket wants it, and it switches
+    that on through deferred work: the first reads of the first socket that asks would come
+    without a stamp, and so would every first read after the last such socket closed. An
+    idle, unbound UDP socket that asked once keeps it on.
+    """
+    if not _keeper:
+        keeper = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        keeper.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+        _keeper.append(keeper)
+        atexit.register(keeper.close)
+
+
+class WireStamps:
+    """What one socket's last read and sends were stamped with (``perf_counter_ns``).
+
+    Attributes:
+        kernel: True once the kernel agreed to stamp this socket's reads.
+        refused: why kernel stamps are not in use (None when they are).
+        read_kernel_ns: the kernel's arrival time of the last read's last segment; the
+            userspace instant when the kernel gave none.
+        read_user_ns: when the last ``recvmsg`` returned (our event loop's instant).
+        read_stamped: whether ``read_kernel_ns`` of the last read came from the kernel.
+        first_send_ns: just before the first send syscall since :meth:`mark_request` that
+            handed the kernel bytes (a refused one, EAGAIN, is not counted).
+        send_start_ns: just before the latest send syscall that handed the kernel bytes.
+        sent_ns: just after that syscall returned.
+        connect_ns / connected_ns: just before ``connect`` was called / just after it returned
+            with the handshake done (None while pending: asyncio waits for it then).
+    """
+
+    __slots__ = (
+        "connect_ns",
+        "connected_ns",
+        "first_send_ns",
+        "kernel",
+        "read_kernel_ns",
+        "read_stamped",
+        "read_user_ns",
+        "refused",
+        "send_start_ns",
+        "sent_ns",
+    )
+
+    def __init__(self) -> None:
+        self.kernel = False
+        self.refused: str | None = None
+        self.read_kernel_ns = 0
+        self.read_user_ns = 0
+        self.read_stamped = False
+        self.first_send_ns: int | None = None
+        self.send_start_ns = 0
+        self.sent_ns = 0
+        self.connect_ns: int | None = None
+        self.connected_ns: int | None = None
+
+    def mark_request(self) -> None:
+        """A new request starts on this socket: its first send is stamped afresh."""
+        self.first_send_ns = None
+
+    def _sent(self, before_ns: int, after_ns: int) -> None:
+        if self.first_send_ns is None:
+            self.first_send_ns = before_ns
+        self.send_start_ns, self.sent_ns = before_ns, after_ns
+
+    def _read(self, ancdata: list[tuple[int, int, bytes]], user_ns: int) -> None:
+        self.read_user_ns = user_ns
+        for level, kind, data in ancdata:
+            if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS:
+                unpack = _TIMESPEC.get(len(data))
+                if unpack is not None:
+                    sec, nsec = unpack.unpack(data)
+                    self.read_kernel_ns = _epoch_to_perf(sec * 1_000_000_000 + nsec)
+                    self.read_stamped = True
+                    return
+        self.read_kernel_ns, self.read_stamped = user_ns, False
+
+
+def _epoch_to_perf(epoch_ns: int) -> int:
+    return process_anchor().to_perf_ns(epoch_ns)
+
+
+_by_fd: weakref.WeakValueDictionary[int, StampedSocket] = weakref.WeakValueDictionary()
+
+
+def wire_of(transport: Any) -> WireStamps | None:
+    """The stamps of the socket under ``transport`` (through TLS too), if it is ours."""
+    if transport is None:
+        return None
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return None
+    try:
+        found = _by_fd.get(sock.fileno())
+    except OSError:  # closed already
+        return None
+    return None if found is None else found.wire
+
+
+class StampedSocket(socket.socket):
+    """A TCP socket whose reads carry the kernel's receive time and whose sends are noted."""
+
+    __slots__ = ("wire",)
+
+    def __init__(self, family: int = -1, type: int = -1, proto: int = -1) -> None:
+        super().__init__(family, type, proto)
+        self.wire = WireStamps()
+        if _UNSUPPORTED is not None:
+            self.wire.refused = _UNSUPPORTED
+        else:
+            try:
+                _keep_stamping_on()
+                self.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+                self.wire.kernel = self.getsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS) == 1
+                if not self.wire.kernel:
+                    self.wire.refused = "SO_TIMESTAMPNS did not stay enabled"
+            except OSError as exc:
+                self.wire.refused = f"SO_TIMESTAMPNS refused: {exc}"
+        _by_fd[self.fileno()] = self
+
+    # -- reads: asyncio's transports call these --
+    def recv(self, bufsize: int, flags: int = 0) -> bytes:
+        if not self.wire.kernel:
+            data = super().recv(bufsize, flags)
+            self.wire._read([], _now())
+            return data
+        data, ancdata, _, _ = self.recvmsg(bufsize, _ANC_SIZE, flags)
+        self.wire._read(ancdata, _now())
+        return data
+
+    def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
+        if not self.wire.kernel:
+            n = super().recv_into(buffer, nbytes, flags)
+            self.wire._read([], _now())
+            return n
+        view = memoryview(buffer).cast("B")
+        if nbytes:
+            view = view[:nbytes]
+        n, ancdata, _, _ = self.recvmsg_into([view], _ANC_SIZE, flags)
+        self.wire._read(ancdata, _now())
+        return n
+
+    # -- sends --
+    def send(self, data: Any, flags: int = 0) -> int:
+        t = _now()
+        n = super().send(data, flags)
+        self.wire._sent(t, _now())
+        return n
+
+    def sendmsg(self, buffers: Any, *args: Any) -> int:
+        t = _now()
+        n = super().sendmsg(buffers, *args)
+        self.wire._sent(t, _now())
+        return n

@@ -1,0 +1,142 @@
+"""HTTP/2 isolation: one bad stream fails alone; a broken, draining or silent connection leaves
+the pool and releases its socket."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Iterator
+
+import pytest
+from conftest import assert_exact
+
+import latency_analyzer as la
+from latency_analyzer.testing import H2LLMServer
+
+
+def _body(**testbed: object) -> dict[str, object]:
+    return {
+        "model": "m",
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "messages": [{"role": "user", "content": "hi"}],
+        "testbed": testbed,
+    }
+
+
+def _sockets() -> set[str]:
+    """This process's open sockets (``/proc/self/fd`` links to ``socket:[inode]``)."""
+    fds = "/proc/self/fd"
+    links = []
+    for fd in os.listdir(fds):
+        with contextlib.suppress(FileNotFoundError):  # the listing's own fd, closed by now
+            links.append(os.readlink(f"{fds}/{fd}"))
+    return {link for link in links if link.startswith("socket:")}
+
+
+@pytest.fixture
+def no_leak() -> Iterator[None]:
+    """Fails the test if a socket opened during it is still open at its end.
+
+    The servers run in this process too; each test stops its server before it returns.
+    """
+    before = _sockets()
+    yield
+    assert _sockets() - before == set()
+
+
+@pytest.fixture
+def loop_errors(caplog: pytest.LogCaptureFixture) -> Iterator[list[str]]:
+    """asyncio's logged errors ("Fatal error on transport", exceptions in callbacks)."""
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        errors: list[str] = []
+        yield errors
+        errors += [r.getMessage() for r in caplog.records if r.name == "asyncio"]
+        assert errors == []
+
+
+@pytest.mark.parametrize(
+    ("fault", "kind"), [("bad_status", "protocol"), ("nested_500", None)], ids=["2x0", "500["]
+)
+async def test_a_response_that_breaks_its_parser_fails_only_its_stream(
+    fault: str, kind: str | None, no_leak: None, loop_errors: list[str]
+) -> None:
+    """The bad stream fails with an error; its neighbours on the connection complete."""
+    async with H2LLMServer(decode=0.004, tokens=8) as server:
+        async with la.Client(server.url, http2=True) as client:
+            good = [
+                asyncio.ensure_future(client.request("/v1/chat/completions", json=_body()))
+                for _ in range(3)
+            ]
+            await asyncio.sleep(0.01)  # the neighbours' streams are open on the connection
+            bad = await client.request("/v1/chat/completions", json=_body(h2_fault=fault))
+            neighbours = await asyncio.gather(*good)
+            after = await client.request("/v1/chat/completions", json=_body())
+    for wf in (bad, *neighbours, after):
+        assert_exact(wf)
+    assert not bad.ok
+    if kind is not None:
+        assert bad.error_type == kind, bad.error
+    assert [wf.error for wf in neighbours] == [None] * 3
+    assert all(wf.output_tokens == 8 for wf in neighbours)
+    assert after.ok and after.connection.reused  # the connection itself was fine
+    assert server.connections == 1
+
+
+async def test_goaway_connections_close_and_none_outlives_the_client(no_leak: None) -> None:
+    """30 requests, each answered and followed by a GOAWAY: every drained connection closes
+    once its last stream ends, and close() leaves no socket behind."""
+    async with H2LLMServer(tokens=2) as server:
+        open_during: list[int] = []
+        base = _sockets()
+        async with la.Client(server.url, http2=True) as client:
+            for _ in range(30):
+                wf = await client.request(
+                    "/v1/chat/completions", json=_body(h2_fault="goaway", fault_after=0)
+                )
+                assert_exact(wf)
+                assert wf.ok, wf.error
+                await asyncio.sleep(0)  # the close we started is handed to the loop
+                open_during.append(len(_sockets() - base))
+        assert server.connections == 30
+        # our end and the server's end of the connection in flight: at most one pair open
+        assert max(open_during) <= 2, open_during
+
+
+async def test_a_server_that_never_sends_settings_is_dropped_from_the_pool(
+    no_leak: None,
+) -> None:
+    """The connection waits a bounded time for SETTINGS, then closes; its streams fail with
+    ``h2_setup``, and the next request dials again instead of queueing on it."""
+    async with H2LLMServer(send_settings=False) as server:
+        async with la.Client(server.url, http2=True, timeout=5, h2_settle_timeout=0.2) as client:
+            first, second = await asyncio.gather(
+                client.request("/v1/chat/completions", json=_body()),
+                client.request("/v1/chat/completions", json=_body()),
+            )
+            later = await client.request("/v1/chat/completions", json=_body())
+    for wf in (first, second, later):
+        assert_exact(wf)
+        assert wf.error_type == "h2_setup", wf.error
+        assert "SETTINGS" in (wf.error or "")
+        assert 0.2 <= wf.e2e < 1.0  # the settle bound, not the 5 s request timeout
+    assert server.connections == 2  # first and second shared a dial; later dialled anew
+
+
+async def test_a_connection_that_errs_leaves_the_pool(no_leak: None) -> None:
+    """A connection closed by the server under a stream is replaced by a new dial."""
+    async with H2LLMServer(decode=0.002, tokens=4) as server:
+        async with la.Client(server.url, http2=True) as client:
+            broken = await client.request(
+                "/v1/chat/completions", json=_body(h2_fault="close", fault_after=1)
+            )
+            pooled_after_fault = dict(client._h2._conns)
+            after = await client.request("/v1/chat/completions", json=_body())
+            pooled = list(client._h2._conns.values())
+            assert len(pooled) == 1 and pooled[0].usable
+    assert_exact(broken)
+    assert_exact(after)
+    assert broken.error_type == "reset" and after.ok and not after.connection.reused
+    assert pooled_after_fault == {}  # the broken connection left the pool at once

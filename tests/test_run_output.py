@@ -1,0 +1,111 @@
+"""What a run prints: aligned rows with a unit each, the conditions, whose limit a lag was,
+a progress line, and ``compare`` of runs whose scenarios are named differently."""
+
+from __future__ import annotations
+
+import io
+import re
+from pathlib import Path
+
+import pytest
+
+from latency_analyzer.analysis import Tags, WaterfallSet, compare
+from latency_analyzer.errors import UsageError
+from latency_analyzer.load import ClientHealth, Scenario
+from latency_analyzer.load._monitor import cpu_times, steal_share
+from latency_analyzer.load._progress import ProgressLine
+from latency_analyzer.report._synthetic import synthetic
+
+LAG = {"p50_s": 0.001, "p99_s": 0.030, "max_s": 0.040}
+CALM = {"p50_s": 0.0001, "p99_s": 0.001, "max_s": 0.002}
+
+
+def _set(name: str, wait_ms: float, n: int = 30, **meta: object) -> WaterfallSet:
+    ws = WaterfallSet(meta=dict(meta) or None)
+    for i in range(n):
+        wf = synthetic(start_ms=10.0 * i, send=0.1, wait=wait_ms + i % 3, first_token=5.0)
+        ws.add(wf, Tags(scenario=name))
+    return ws
+
+
+def test_rows_are_aligned_with_a_unit_each_and_no_scientific_notation() -> None:
+    ws = _set("a", wait_ms=2090.0)  # e2e ~2.1 s: once printed as 2.09e+03
+    text = ws.summary().to_text()
+    assert not re.search(r"\de[+-]\d", text), text
+    table = [line for line in text.splitlines() if line.startswith(("e2e ", "send ", " "))]
+    header = next(line for line in text.splitlines() if line.lstrip().startswith("unit"))
+    e2e = next(line for line in text.splitlines() if line.startswith("e2e "))
+    send = next(line for line in text.splitlines() if line.startswith("send "))
+    assert table and len(header) == len(e2e) == len(send)  # one width for every row
+    assert e2e.split()[1] == "ms" and send.split()[1] == "µs"  # each row picks its unit
+    assert "2098 [" in e2e or "2097 [" in e2e  # e2e mean in ms, fixed notation
+    assert "errors" not in text  # no "errors 0 {}"
+
+
+def test_errors_are_listed_by_kind_only_when_there_are_some() -> None:
+    ws = _set("a", wait_ms=5.0, n=5)
+    ws.add(synthetic(send=0.1, wait=1.0, status=None, error_type="timeout"), Tags(scenario="a"))
+    line = next(x for x in ws.summary().to_text().splitlines() if x.startswith("requests "))
+    assert line.startswith("requests 6 · ok 5 · errors 1 (timeout 1) · ")
+
+
+def test_conditions_show_the_target_the_versions_and_the_client() -> None:
+    fp = {"target_host": "llm.test:443", "base_rtt_s": 0.0123, "http_versions": ["2"]}
+    fp |= {"tls_versions": ["TLSv1.3"], "cpu_count": 2, "os": "Linux", "python": "3.11.7"}
+    client = ClientHealth(CALM, None, 0.2, 50 * 2**20, 0.0, 0.5, 2).to_dict()
+    ws = _set("a", 5.0, fingerprint=fp, scenario={"mode": "closed"}, result={"client": client})
+    text = ws.summary().to_text()
+    assert "target llm.test:443 · base RTT 12.3 ms · HTTP/2 · TLSv1.3 · closed loop" in text
+    assert "client:     loop lag P99 1.00 ms · CPU 20% of a core" in text
+    assert "pacer lag" not in text  # a closed loop has no schedule to lag behind
+    assert ws.summary().to_dict()["conditions"]["base_rtt_s"] == 0.0123
+
+
+def test_a_lagging_loop_is_told_host_contention_or_the_clients_own_limit() -> None:
+    busy_host = ClientHealth(LAG, None, 0.15, 0, steal=0.0, load_avg=6.7, cpus=2)
+    note = busy_host.note()
+    assert note and note.startswith("the HOST was contended") and "load average 6.7" in note
+    assert "pacer" not in note
+    stolen = ClientHealth(LAG, LAG, 0.3, 0, steal=0.12, load_avg=1.0, cpus=2)
+    assert "12% of the host's CPU time (steal)" in str(stolen.note())
+    own = ClientHealth(LAG, LAG, 0.97, 0, steal=0.0, load_avg=1.2, cpus=2)
+    assert str(own.note()).startswith("the CLIENT was saturated") and "pacer lag P99" in str(
+        own.note()
+    )
+    assert ClientHealth(CALM, None, 0.97, 0).note() is None
+
+
+def test_steal_is_read_from_proc_stat(tmp_path: Path) -> None:
+    def stat(steal: int, rest: int) -> tuple[int, int] | None:
+        path = tmp_path / "stat"
+        path.write_text(f"cpu  {rest} 0 0 0 0 0 0 {steal} 0 0\ncpu0 1 2 3\n")
+        return cpu_times(path)
+
+    assert steal_share(stat(100, 900), stat(150, 1350)) == pytest.approx(50 / 500)
+    assert steal_share(None, stat(1, 1)) is None
+    assert cpu_times(tmp_path / "missing") is None
+
+
+def test_progress_line_has_count_elapsed_eta_and_rate() -> None:
+    out = io.StringIO()
+    closed = ProgressLine(Scenario("http://x/", requests=200), stream=out, force=True)
+    assert closed.line(50, 200, closed.t0 + 10.0) == "50/200 requests · 10 s elapsed · ETA 30 s"
+    timed = ProgressLine(Scenario("http://x/", mode="open", rate=20, duration=120), stream=out)
+    assert timed.line(400, None, timed.t0 + 20.0) == (
+        "400 requests · 20 s of 2:00 · ETA 1:40 · 20.0 req/s (offered 20/s)"
+    )
+    closed(200, 200)
+    closed.close()
+    assert out.getvalue().startswith("\r200/200 requests") and out.getvalue().endswith("\r")
+
+
+def test_compare_pairs_runs_whatever_their_scenario_names() -> None:
+    slow, fast = _set("vendor-a", wait_ms=40.0), _set("vendor-b", wait_ms=10.0)
+    comp = compare(slow, fast)  # auto: no shared name, so first with first
+    speedup = comp.get("e2e_p50").ratio.value
+    assert speedup == pytest.approx(46.1 / 16.1, rel=0.05)
+    with pytest.raises(UsageError, match=r"share no scenario name.*vendor-a.*vendor-b"):
+        compare(slow, fast, pair_by="name")
+    two = _set("x", 5.0) + _set("y", 6.0)
+    with pytest.raises(UsageError, match="cannot pair by position"):
+        compare(two, fast, pair_by="position")
