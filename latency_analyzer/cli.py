@@ -147,7 +147,8 @@ def _probe(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the console script; returns the exit status (1: the request failed)."""
+    """Entry point of the console script; returns the exit status (1: a request failed, 2: a
+    usage error, 130: interrupted by Ctrl-C)."""
     args = _parser().parse_args(argv)
     try:
         if args.command == "probe":
@@ -160,6 +161,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into `head` and the like: stop quietly
         sys.stderr.close()
         return 0
+    except KeyboardInterrupt:  # Ctrl-C: the shell's convention, 128 + SIGINT, no traceback
+        print("latency-analyzer: interrupted", file=sys.stderr)
+        return 130
     except (UsageError, RequestError, OSError) as exc:
         print(f"latency-analyzer: {exc}", file=sys.stderr)
         return 2

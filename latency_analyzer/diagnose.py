@@ -79,6 +79,8 @@ class Thresholds:
         itl_burst_s: a median gap below this means the tokens came in one burst (a server
             that sends everything at once): there is no decoding pace to be jittery about.
         min_requests: set rules about "every request" need at least this many requests.
+        ttfc_gap_s: TTFT (first visible text) later than TTFC (first token chunk, empty text
+            included) by more than this, on average.
     """
 
     min_time_s: float = 0.002
@@ -101,6 +103,7 @@ class Thresholds:
     connect_rtts: float = 2.0
     min_requests: int = 3
     itl_burst_s: float = 0.0005
+    ttfc_gap_s: float = 0.005
 
 
 @dataclass(frozen=True)
@@ -244,6 +247,7 @@ class _Req:
     detailed: bool = False  # built from a Waterfall (TLS, ALPN, gaps and origin known)
     tcp: _Tcp | None = None  # the kernel's TCP_INFO of the request's connection
     pre_token: Mapping[str, float] | None = None  # stage seconds before the first token
+    ttfc: float | None = None
 
     def before_first_token(self, stage: str) -> float:
         """Seconds of ``stage`` spent before the first token (a request without one: 0)."""
@@ -328,6 +332,7 @@ def _from_waterfall(wf: Waterfall) -> _Req:
         detailed=True,
         tcp=_tcp(wf),
         pre_token=_pre_token(wf),
+        ttfc=wf.ttfc,
     )
 
 
@@ -335,7 +340,9 @@ def _from_set(ws: WaterfallSet) -> list[_Req]:
     keep = ws.ok & ~ws.warmup
     names = ws.stages
     cols = {s: ws.column(f"stage:{s}") / 1e9 for s in names}
-    e2e, ttft, tpot = (ws.column(c) / 1e9 for c in ("e2e_ns", "ttft_ns", "tpot_ns"))
+    e2e, ttft, tpot, ttfc = (
+        ws.column(c) / 1e9 for c in ("e2e_ns", "ttft_ns", "tpot_ns", "ttfc_ns")
+    )
     epoch, e2e_ns = ws.column("epoch_ns"), ws.column("e2e_ns")
     reused, versions = ws.column("reused"), ws.labels("http_version")
     out = []
@@ -352,6 +359,7 @@ def _from_set(ws: WaterfallSet) -> list[_Req]:
                 reused=bool(reused[i]),
                 http_version=versions[i],
                 span_ns=(int(epoch[i]), int(epoch[i] + e2e_ns[i])),
+                ttfc=None if ttfc[i] != ttfc[i] else float(ttfc[i]),
             )
         )
     return out
@@ -815,6 +823,33 @@ def _slow_connect(c: _Context) -> Finding | None:
     )
 
 
+def _ttfc_gap(c: _Context) -> Finding | None:
+    pairs = [(r.ttft, r.ttfc) for r in c.reqs if r.ttft is not None and r.ttfc is not None]
+    if not pairs:
+        return None
+    ttft = statistics.fmean(t for t, _ in pairs)
+    ttfc = statistics.fmean(f for _, f in pairs)
+    gap, at_stake = ttft - ttfc, sum(t - f for t, f in pairs) / c.n
+    if gap <= c.th.ttfc_gap_s or at_stake < c.th.min_time_s:
+        return None
+    later = sum(1 for t, f in pairs if t > f)
+    return Finding(
+        "ttfc_gap",
+        "the first tokens had empty text: TTFT reads later than the server's first token",
+        f"TTFT (first visible text) {_ms(ttft)}, TTFC (first token chunk, empty text included) "
+        f"{_ms(ttfc)}: {_ms(gap)} apart{c.per()}; empty-text tokens came first on {later} of "
+        f"{len(pairs)} requests",
+        "the server streamed tokens whose text is empty (a byte-level tokenizer's partial UTF-8 "
+        "pieces); the server's own TTFT and most benchmark tools count them, the user sees "
+        "nothing until the first visible text",
+        "compare TTFC (Waterfall.ttfc, the ttfc metric) with the server's TTFT and TTFT with "
+        "what users see; a model or tokenizer that emits whole characters closes the gap",
+        at_stake,
+        len(pairs),
+        {"ttft_s": ttft, "ttfc_s": ttfc, "gap_s": gap},
+    )
+
+
 #: Every rule by id, in no particular order (findings are ranked by time at stake).
 RULES: Mapping[str, Rule] = MappingProxyType(
     {
@@ -832,6 +867,7 @@ RULES: Mapping[str, Rule] = MappingProxyType(
         "tcp_loss": _tcp_loss,
         "path_rtt": _path_rtt,
         "slow_connect": _slow_connect,
+        "ttfc_gap": _ttfc_gap,
     }
 )
 

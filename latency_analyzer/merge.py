@@ -5,6 +5,7 @@
     merged = merge(wf, stages)                   # one request, its own clock bracket
     merged = merge_all(waterfalls, stage_list)   # many: one offset from all their brackets
     merged = await amerge(waterfalls, store, grace=2.0)   # wait for spans, map, align, merge
+    merged = merge_timings(wf)                   # llama.cpp's ``timings`` from the body
 
 Server stages become children (``source="server"``) of the client stages they fall in, split
 at client stage boundaries; a client stage's uncovered time becomes ``network``; attribution
@@ -31,6 +32,7 @@ from collections.abc import Mapping, Sequence
 from .capture.propagation import TraceContext
 from .errors import UsageError
 from .server.align import Bracket, ClockOffset, bracket, combine
+from .server.llamacpp import timings_from_attributes, timings_stages
 from .server.schemas import ServerStages, map_request
 from .server.server_timing import server_timing_stages, tgi_header_stages
 from .server.spans import ServerSpan
@@ -45,6 +47,7 @@ __all__ = [
     "merge",
     "merge_all",
     "merge_headers",
+    "merge_timings",
     "no_server_data",
     "place",
 ]
@@ -159,6 +162,8 @@ def merge(
     if stages is None or not stages.stages:
         return no_server_data(wf, source)
     if not stages.timed:
+        if stages.token_anchored:
+            return _merge_token_anchored(wf, stages, source)
         return _merge_untimed(wf, stages, source)
     own = bracket(wf, stages)
     info = {"server.source": source, **_kept(stages)}
@@ -236,6 +241,65 @@ def _merge_untimed(wf: Waterfall, stages: ServerStages, source: str) -> Waterfal
     if unplaced:
         info["server.unplaced_ns"] = unplaced
     return dataclasses.replace(wf, root=root, attributes={**wf.attributes, **info})
+
+
+#: ``server.placement`` of durations placed in the client's bracket (no clock offset).
+PLACED_BY_CLIENT = "durations placed in the client's bracket"
+
+
+def _merge_token_anchored(wf: Waterfall, stages: ServerStages, source: str) -> Waterfall:
+    """Prefill-then-decode durations (llama.cpp ``timings``): the server's first token lies
+    after the client began sending plus the prefill, before the client's first token chunk,
+    and early enough for the decode to end by the client's last byte. It is placed at the
+    middle of that window; half the window is the placement uncertainty."""
+    info = {"server.source": source, **_kept(stages)}
+    send, first = wf.stage("send"), wf.first_token_chunk_ns
+    prefill = sum(s.duration_ns for s in stages.stages if s.name == "prefill")
+    decode = sum(s.duration_ns for s in stages.stages if s.name != "prefill")
+    if send is None:
+        reason = "no send stage to place the durations after"
+        return _with_info(wf, info, NO_OFFSET_FITS, reason)
+    lo = send.start_ns + prefill
+    hi = min(wf.end_ns - decode, wf.end_ns if first is None else first)
+    if lo > hi:
+        reason = (
+            f"the server's prefill ({prefill / 1e6:.3f} ms) and decode ({decode / 1e6:.3f} ms) "
+            f"do not fit the client's send-to-first-token and send-to-end intervals "
+            f"(by {(lo - hi) / 1e6:.3f} ms)"
+        )
+        return _with_info(wf, info, NO_OFFSET_FITS, reason)
+    t = lo + (hi - lo) // 2  # the server's first token, on the client's clock
+    moved = [
+        dataclasses.replace(s, start_ns=t - prefill + s.start_ns, end_ns=t - prefill + s.end_ns)
+        for s in stages.stages
+    ]
+    root, unplaced = place(wf.root, moved)
+    info.update(
+        {
+            "server.status": MERGED,
+            "server.placement": PLACED_BY_CLIENT,
+            "server.placement_uncertainty_ns": hi - t,
+        }
+    )
+    if unplaced:
+        info["server.unplaced_ns"] = unplaced
+    return dataclasses.replace(wf, root=root, attributes={**wf.attributes, **info})
+
+
+def _with_info(wf: Waterfall, info: dict[str, AttrValue], status: str, reason: str) -> Waterfall:
+    info = {**info, "server.status": status, "server.reason": reason}
+    return dataclasses.replace(wf, attributes={**wf.attributes, **info})
+
+
+def merge_timings(wf: Waterfall) -> Waterfall:
+    """Merge llama.cpp server's ``timings`` (``prompt_ms`` → ``prefill``, ``predicted_ms`` →
+    ``decode``), as recorded on ``wf.attributes["timings.<field>"]`` by the client.
+
+    They are durations: placed in the client's bracket, not aligned by a clock offset
+    (``server.placement``, ``server.placement_uncertainty_ns``).
+    """
+    timings = timings_from_attributes(wf.attributes)
+    return merge(wf, timings_stages(timings) if timings else None, source="timings")
 
 
 def merge_headers(wf: Waterfall) -> Waterfall:

@@ -122,15 +122,18 @@ async def test_dns_stage_matches_the_capture_on_a_quiet_host(dns_port: int) -> N
 
 
 def _burners(cpu: int) -> list[subprocess.Popen[bytes]]:
-    code = f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"
+    """Two processes spinning on ``cpu`` at a higher priority than ours (we run as root): the
+    scheduler lets them keep the CPU when our client wakes, so its reads fall behind."""
+    code = f"import os; os.sched_setaffinity(0, {{{cpu}}}); os.nice(-5)\nwhile True: pass"
     return [subprocess.Popen([sys.executable, "-c", code]) for _ in range(2)]
 
 
 async def test_dns_stage_holds_while_the_client_host_is_busy(dns_port: int) -> None:
     """Two CPU burners share the client's CPU: the kernel-stamped boundaries stay, read lag grows.
 
-    The client and both burners are pinned to one CPU, so the client gets a third of it and its
-    reads fall behind the arrivals; the capture's stamps and the kernel's receive stamps do not.
+    The client and both burners are pinned to one CPU, the burners at a higher priority, so the
+    client gets a small share of it and its reads fall behind the arrivals; the capture's stamps
+    and the kernel's stamps do not move.
     """
     need_tcpdump()
     quiet = _errors(*await _cold_lookups(dns_port, N), dns_port)
@@ -178,21 +181,33 @@ async def test_a_truncated_answer_is_asked_again_over_tcp() -> None:
     assert lookup.clock_source == "kernel"
 
 
+async def test_a_lost_query_is_resent_and_the_stage_spans_the_wait() -> None:
+    with _Responder(drop=1) as responder:
+        resolver = DnsResolver(f"127.0.0.1:{responder.port}", timeout=3.0)
+        results = await resolver.resolve("lossy.test", 0, socket.AF_INET)
+        lookup = resolver.wire_lookup("lossy.test", 0)
+    assert [r["host"] for r in results] == ["10.1.2.3"]
+    assert responder.seen == ["dropped", "udp"]
+    assert lookup is not None and lookup.queries == 2 and lookup.transport == "udp"
+    # from the lost query on the wire to the answer to its resend: the 1 s resend timer inside
+    waited = lookup.answered_ns - lookup.first_sent_ns
+    assert 1.0e9 <= waited < 1.2e9, waited
+
+
 class _Responder:
     """Answers A queries on UDP and TCP (one port) from threads of this process.
 
     ``rcode``: every answer carries it; ``truncate``: UDP answers are empty with TC set, so the
-    resolver must ask again over TCP, which answers 10.1.2.3.
+    resolver must ask again over TCP, which answers 10.1.2.3; ``drop``: that many UDP queries
+    are ignored first, as if lost.
     """
 
-    def __init__(self, rcode: str = "NOERROR", truncate: bool = False) -> None:
-        self.rcode, self.truncate = rcode, truncate
+    def __init__(self, rcode: str = "NOERROR", truncate: bool = False, drop: int = 0) -> None:
+        self.rcode, self.truncate, self.drop = rcode, truncate, drop
         self.seen: list[str] = []
         self._stop = threading.Event()
-        self._udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self._udp.bind(("127.0.0.1", 0))
+        self._udp, self._tcp = _udp_and_tcp_on_one_port()
         self.port = int(self._udp.getsockname()[1])
-        self._tcp = socket.create_server(("127.0.0.1", self.port))
         for sock in (self._udp, self._tcp):
             sock.settimeout(0.1)
         self._threads = [
@@ -217,6 +232,10 @@ class _Responder:
             try:
                 data, addr = self._udp.recvfrom(4096)
             except TimeoutError:
+                continue
+            if self.drop > 0:
+                self.drop -= 1
+                self.seen.append("dropped")
                 continue
             self._udp.sendto(self._reply(data, "udp"), addr)
 
@@ -258,3 +277,15 @@ async def test_where_the_kernel_refuses_stamps_the_lookup_says_userspace(
     assert kernel is not None and kernel.clock_source == "kernel"
     assert user is not None and user.clock_source == "userspace" and user.read_lag_ns == 0
     assert user.answered_ns == user.read_ns  # no kernel instant: the read is the boundary
+
+
+def _udp_and_tcp_on_one_port() -> tuple[socket.socket, socket.socket]:
+    """A free UDP port that is free for TCP too (another test may hold it for TCP)."""
+    for _ in range(20):
+        udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        udp.bind(("127.0.0.1", 0))
+        try:
+            return udp, socket.create_server(("127.0.0.1", udp.getsockname()[1]))
+        except OSError:
+            udp.close()
+    raise OSError("no port free for both UDP and TCP")

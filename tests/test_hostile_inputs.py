@@ -3,14 +3,20 @@ pieces, bad scenario files, a scrape target's charset, and Ctrl-C during a run."
 
 from __future__ import annotations
 
+import asyncio
 import json
+import signal
+import subprocess
+import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 from aiohttp import web
 
-from latency_analyzer import UsageError
+from latency_analyzer import UsageError, Waterfall
+from latency_analyzer.analysis import WaterfallSet
 from latency_analyzer.cli import main
 from latency_analyzer.load import Scenario, long_tail, run
 from latency_analyzer.metrics import Scraper, Target
@@ -131,3 +137,74 @@ async def test_a_metrics_endpoint_with_an_unknown_charset_is_a_gap_not_an_aborte
     reasons = {g.reason for g in ms.gaps if g.target == "bad"}
     assert reasons == {"unknown charset 'x-no-such-codec'"}
     assert int(ms.scrapes("good")["ok"].sum()) >= 2  # the first and the final scrape
+
+
+def _running(base: str) -> int:
+    """Requests the test bed is serving right now (its own gauge)."""
+    with urllib.request.urlopen(f"{base}/metrics", timeout=2) as resp:
+        text = resp.read().decode()
+    line = next(x for x in text.splitlines() if x.startswith("testbed_requests_running"))
+    return int(float(line.split()[-1]))
+
+
+def _rows(path: Path) -> list[Waterfall]:
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    return [Waterfall.from_dict(x["wf"]) for x in lines if "wf" in x]
+
+
+def test_ctrl_c_of_run_records_the_requests_in_flight_and_exits_130(tmp_path: Path) -> None:
+    out = tmp_path / "run.jsonl"
+    # each request streams for 20 s: all 3 users are mid-stream when SIGINT comes
+    with LLMServer(tokens=400, decode=0.05).run_in_subprocess() as s:
+        argv = [sys.executable, "-m", "latency_analyzer.cli", "run", "--url"]
+        argv += [s.url + "/v1/chat/completions", "--concurrency", "3", "--requests", "50"]
+        proc = subprocess.Popen(
+            [*argv, "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        try:
+            deadline = time.monotonic() + 20
+            while _running(s.url) < 3:
+                assert time.monotonic() < deadline and proc.poll() is None
+                time.sleep(0.05)
+            time.sleep(0.2)  # a few tokens in
+            proc.send_signal(signal.SIGINT)
+            _, stderr = proc.communicate(timeout=20)
+        finally:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr and "interrupted" in stderr, stderr
+    result = WaterfallSet.load(out).meta["result"]
+    assert result["interrupted"] is True and result["issued"] == result["stored"] == 3
+    rows = _rows(out)
+    assert [wf.error_type for wf in rows] == ["cancelled"] * 3
+    for wf in rows:  # every stage reached is kept; the stream's tail ends at the cancel
+        stages = wf.stages
+        assert {"connect", "send", "wait", "first_token", "decode"} <= set(stages), stages
+        assert stages["tail"].attributes.get("interrupted") is True
+        assert 0 < len(wf.chunk_times_ns) < 400
+
+
+async def test_a_cancelled_open_loop_stores_every_issued_request(tmp_path: Path) -> None:
+    """Requests mid-stream and requests still waiting for a client slot both become rows."""
+    out = tmp_path / "run.jsonl"
+    with LLMServer(tokens=400, decode=0.05).run_in_subprocess() as s:
+        url = s.url + "/v1/chat/completions"
+        sc = Scenario(
+            url, mode="open", rate=200.0, arrival="constant", max_in_flight=2, requests=10
+        )
+        task = asyncio.create_task(run(sc, path=out, rtt_samples=0))
+        while _running(s.url) < 2:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.2)  # the whole schedule (10 at 200/s) is issued by now
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    result = WaterfallSet.load(out).meta["result"]
+    assert result["interrupted"] is True and result["issued"] == result["stored"] == 10
+    rows = _rows(out)
+    assert [wf.error_type for wf in rows] == ["cancelled"] * 10
+    sent = [wf for wf in rows if "decode" in wf.stages]
+    unsent = [wf for wf in rows if wf.error == "cancelled while waiting for a client slot"]
+    assert len(sent) == 2 and len(unsent) == 8
+    assert all(wf.stages["schedule_lag"].duration_ns > 0 for wf in unsent)

@@ -11,7 +11,8 @@ from conftest import assert_exact
 import latency_analyzer as la
 from latency_analyzer.capture._tcpinfo import decode_tcp_info
 from latency_analyzer.report.har import har_entry
-from latency_analyzer.testing import LLMServer
+from latency_analyzer.report.tabular import TCP_COLUMNS, to_csv
+from latency_analyzer.testing import H2LLMServer, LLMServer, TestCA
 
 
 def _struct(length: int) -> bytes:
@@ -77,6 +78,10 @@ async def test_a_request_carries_the_connection_readings_into_its_exports() -> N
     assert first.tcp_connect.segs_out is not None and first.tcp_end.segs_out is not None
     assert first.tcp_end.segs_out > first.tcp_connect.segs_out
     assert second.tcp_end is not None and second.tcp_end.at_ns > first.tcp_end.at_ns
+    header, row = to_csv([first, second]).splitlines()[1:3]
+    assert header.endswith(",".join(TCP_COLUMNS))
+    assert row.endswith(f"{first.tcp_end.rtt_us / 1e3},{first.tcp_end.min_rtt_us / 1e3},0,0,"
+                        f"{first.tcp_end.snd_cwnd}")  # fmt: skip
     har = har_entry(second)["_latency_analyzer"]
     assert har["tcp_end"]["rtt_us"] == second.tcp_end.rtt_us
     assert second.summary()["tcp"] == pytest.approx(
@@ -89,3 +94,17 @@ def test_a_waterfall_without_readings_serialises_as_before() -> None:
     wf = la.Waterfall(root=la.Span("request", 0, 10), method="GET", url="http://x/")
     assert "tcp_connect" not in wf.to_dict() and "tcp_end" not in wf.to_dict()
     assert "tcp" not in wf.summary()
+
+
+async def test_http2_streams_read_the_connection_at_their_end(ca: TestCA) -> None:
+    async with H2LLMServer(ssl=ca.server_context()) as server:
+        async with la.Client(server.url, ssl=ca.client_context()) as client:
+            first = await client.request("/health")
+            second = await client.request("/health")  # a stream on the same connection
+    assert first.http_version == second.http_version == "2"
+    assert first.tcp_connect is not None  # the stream that opened the connection
+    for wf in (first, second):
+        assert wf.ok and wf.tcp_end is not None and wf.tcp_end.total_retrans == 0
+        assert_exact(wf)
+    assert first.tcp_end is not None and second.tcp_end is not None
+    assert second.tcp_end.at_ns > first.tcp_end.at_ns

@@ -36,13 +36,14 @@ NUMERIC: dict[str, type[np.generic]] = {
     "reused": np.bool_,
     "warmup": np.bool_,
     "stage_mask": np.int32,  # bit i set: stage ``stages[i]`` happened
+    "ttfc_ns": np.float64,  # to the first token chunk, empty text included (``Waterfall.ttfc``)
 }
 
 #: Columns stored as small integer codes into a list of labels (None allowed).
 CATEGORICAL = ("error_type", "http_version", "scenario", "template")
 
 #: Metric names a set knows, with their column: time metrics are in ns.
-TIME_METRICS = {"e2e": "e2e_ns", "ttft": "ttft_ns", "tpot": "tpot_ns"}
+TIME_METRICS = {"e2e": "e2e_ns", "ttft": "ttft_ns", "tpot": "tpot_ns", "ttfc": "ttfc_ns"}
 COUNT_METRICS = {"output_tokens": "output_tokens", "input_tokens": "input_tokens"}
 
 _KNOWN_STAGES = tuple(dict.fromkeys((*CLIENT_STAGES, *SERVER_STAGES, *RESIDUALS)))
@@ -93,6 +94,7 @@ def row_of(wf: Waterfall, tags: Tags) -> tuple[dict[str, Any], dict[str, int]]:
         "http_version": wf.http_version,
         "scenario": tags.scenario,
         "template": tags.template,
+        "ttfc_ns": _opt(wf.ttfc_ns, math.nan),
     }
     return values, wf.attribution_ns()
 

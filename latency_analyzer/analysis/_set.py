@@ -233,8 +233,9 @@ class WaterfallSet:
         """Values of a metric or stage, NaN-free: seconds for times, counts for tokens.
 
         Args:
-            name: a metric (``e2e``, ``ttft``, ``tpot``, ``output_tokens``, ``input_tokens``)
-                or a stage (its exclusive time; 0 for a request that did not have the stage).
+            name: a metric (``e2e``, ``ttft``, ``ttfc``, ``tpot``, ``output_tokens``,
+                ``input_tokens``) or a stage (its exclusive time; 0 for a request that did not
+                have the stage).
             include_warmup: keep rows marked as warm-up.
             include_errors: keep failed requests.
             present_only: for a stage, only the requests that had it.

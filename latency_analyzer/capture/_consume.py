@@ -16,6 +16,7 @@ from .openai import (
     MalformedChunk,
     OpenAIStreamParser,
     StreamTruncated,
+    TimingsReceived,
     UsageReceived,
     error_message_from_body,
     parse_openai_body,
@@ -142,8 +143,12 @@ class ResponseConsumer:
                     is_reasoning = bool(ev.reasoning) and not ev.content
                     known = self._tokens.delta(ev.completion_tokens) if per_chunk_usage else None
                     rec.chunk(ev.time_ns, weight, known, is_reasoning)
+                elif ev.empty_token:
+                    rec.empty_chunk(ev.time_ns)
             elif isinstance(ev, UsageReceived):
                 rec.usage(ev.prompt_tokens, ev.completion_tokens)
+            elif isinstance(ev, TimingsReceived):  # the last one holds the request's totals
+                rec.attributes.update({f"timings.{k}": v for k, v in ev.values.items()})
             elif isinstance(ev, ErrorReceived):
                 message = f"server error in stream: {ev.message}"
                 state.fail("stream_error", message, ev.time_ns, terminal=False)

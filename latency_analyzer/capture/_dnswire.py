@@ -7,7 +7,9 @@ the waterfall's ``perf_counter_ns`` clock. Beside it we keep when our code got t
 difference is the client's read lag. Where the option is refused (another OS, a sandbox) the
 userspace instant is the only one, and :attr:`Arrival.kernel_ns` is None.
 
-A query's send instant is read just before the datagram is handed to the kernel.
+A query's send instant is the kernel's too where it can give one: ``SO_TIMESTAMPING`` with
+software TX stamps reports, on the socket's error queue, when the datagram was handed to the
+network device. Otherwise it is read just before the datagram is handed to the kernel.
 """
 
 from __future__ import annotations
@@ -26,8 +28,13 @@ __all__ = ["Arrival", "DatagramChannel", "kernel_stamp_ns", "stamp_receives", "t
 #: ``SO_TIMESTAMPNS`` (Linux; Python's socket module does not name it). Its control message
 #: has the same number and carries a ``struct timespec`` of two native longs.
 SO_TIMESTAMPNS = 35
+#: ``SO_TIMESTAMPING`` (``_OLD``: native timespecs) and its flags: software TX stamps, reported,
+#: without the packet echoed back.
+SO_TIMESTAMPING = 37
+_TX_FLAGS = (1 << 1) | (1 << 4) | (1 << 11)  # TX_SOFTWARE | SOFTWARE | OPT_TSONLY
 _TIMESPEC = struct.Struct("@ll")
-_ANCILLARY = socket.CMSG_SPACE(_TIMESPEC.size) * 2
+_ANCILLARY = socket.CMSG_SPACE(_TIMESPEC.size * 3) * 3
+_MSG_ERRQUEUE = getattr(socket, "MSG_ERRQUEUE", 0x2000)
 MAX_MESSAGE = 65535  # the largest DNS message either transport can carry
 
 
@@ -62,12 +69,30 @@ def stamp_receives(sock: socket.socket) -> bool:
     return True
 
 
-def kernel_stamp_ns(ancdata: list[tuple[int, int, bytes]]) -> int | None:
-    """The receive stamp in ``recvmsg`` ancillary data, on the ``perf_counter_ns`` clock."""
-    for level, kind, data in ancdata:
-        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= _TIMESPEC.size:
+def stamp_sends(sock: socket.socket) -> bool:
+    """Ask the kernel to report when each datagram ``sock`` sends reached the device."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPING, _TX_FLAGS)
+    except OSError:
+        return False
+    return True
+
+
+def kernel_stamp_ns(
+    ancdata: list[tuple[int, int, bytes]], kind: int = SO_TIMESTAMPNS
+) -> int | None:
+    """A kernel stamp in ``recvmsg`` ancillary data, on the ``perf_counter_ns`` clock.
+
+    ``kind`` is ``SO_TIMESTAMPNS`` (a receive stamp) or ``SO_TIMESTAMPING`` (the first of its
+    three timespecs, the software one: a send stamp from the error queue).
+    """
+    for level, got, data in ancdata:
+        if level == socket.SOL_SOCKET and got == kind and len(data) >= _TIMESPEC.size:
             sec, nsec = _TIMESPEC.unpack_from(data)
-            return process_anchor().to_perf_ns(sec * 1_000_000_000 + nsec)
+            if sec or nsec:
+                return process_anchor().to_perf_ns(sec * 1_000_000_000 + nsec)
     return None
 
 
@@ -110,6 +135,9 @@ class DatagramChannel:
         self._sock = socket.socket(family, socket.SOCK_DGRAM)
         self._sock.setblocking(False)
         self.stamped = stamp_receives(self._sock)
+        self._tx_stamped = stamp_sends(self._sock)
+        #: the kernel's instant the last datagram reached the device (None: not reported yet)
+        self.sent_kernel_ns: int | None = None
         try:
             self._sock.connect(server)
         except OSError:
@@ -117,14 +145,42 @@ class DatagramChannel:
             raise
 
     def send(self, payload: bytes) -> int:
-        """Send one datagram; returns the instant just before it was handed to the kernel."""
+        """Send one datagram; returns the instant just before it was handed to the kernel.
+
+        The kernel's own send instant, where reported, lands in :attr:`sent_kernel_ns` (on
+        loopback at once; a real device may report it a little later, read with the answer).
+        """
         t = now_ns()
         self._sock.send(payload)
+        self.sent_kernel_ns = None
+        self._drain_send_stamps()
         return t
+
+    def _drain_send_stamps(self) -> None:
+        """Read the error queue: send stamps (an unread one would keep the socket readable)."""
+        if not self._tx_stamped:
+            return
+        while True:
+            try:
+                _, ancdata, _, _ = self._sock.recvmsg(1, _ANCILLARY, _MSG_ERRQUEUE)
+            except OSError:  # empty (EAGAIN), or no error queue on this system
+                return
+            stamp = kernel_stamp_ns(ancdata, SO_TIMESTAMPING)
+            if stamp is not None and self.sent_kernel_ns is None:
+                self.sent_kernel_ns = stamp
 
     async def receive(self) -> Arrival:
         """The next datagram from the server (``ConnectionRefusedError``: nobody listens)."""
-        return await _read(self._sock, MAX_MESSAGE)
+        while True:
+            try:
+                data, ancdata, _, _ = self._sock.recvmsg(MAX_MESSAGE, _ANCILLARY)
+            except (BlockingIOError, InterruptedError):
+                self._drain_send_stamps()
+                await _readable(self._sock)
+                continue
+            user = now_ns()
+            self._drain_send_stamps()
+            return Arrival(data, kernel_stamp_ns(ancdata), user)
 
     def close(self) -> None:
         self._sock.close()

@@ -12,7 +12,7 @@ import functools
 import io
 import json as _json
 import ssl as _ssl
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import SplitResult, unquote_plus, urlsplit, urlunsplit
 
@@ -182,12 +182,15 @@ class Client:
         headers: Mapping[str, str] | None = None,
         timeout: float | None = None,
         intended_start_ns: int | None = None,
+        on_cancel: Callable[[Waterfall], None] | None = None,
     ) -> Waterfall:
         """Send one request and return its waterfall (never raises for network errors).
 
         ``method`` defaults to POST when there is a body, else GET. ``intended_start_ns`` (a
         ``perf_counter_ns`` value) is when an open-loop schedule wanted this request to start:
-        the delay until now becomes ``schedule_lag``.
+        the delay until now becomes ``schedule_lag``. If the request is cancelled, ``on_cancel``
+        (when given) gets its waterfall so far, ``error_type="cancelled"``, with every stage
+        that happened (open ones end at the cancellation); the cancellation still propagates.
         """
         start = now_ns()
         full = self._url(url)
@@ -204,9 +207,13 @@ class Client:
             recorder.attributes["parent_span_id"] = context.parent_span_id
         headers = sent
         token = CURRENT.set(state)
+        cancelled = False
         try:
             await self._route(state, method, full, json, data, headers, limit)
         except asyncio.CancelledError:
+            cancelled = on_cancel is not None
+            if cancelled:
+                state.fail("cancelled", "cancelled before the response ended", now_ns())
             raise
         except Exception as exc:  # every network failure becomes data on the waterfall
             failed_at = now_ns()
@@ -220,6 +227,8 @@ class Client:
                 recorder.tcp_end = tcp_info_of(state.protocol.transport)
             if state.protocol is not None and state.protocol.state is state:
                 state.protocol.detach()
+            if cancelled and on_cancel is not None:
+                on_cancel(recorder.finish(now_ns()))
         if recorder.interrupted or state.body_end_ns is None:
             return recorder.finish(now_ns())
         return recorder.finish(state.body_end_ns)
@@ -309,6 +318,7 @@ class Client:
                 await asyncio.wait_for(conn.run_stream(opened), _left(deadline))
             finally:
                 conn.abandon(opened)  # nothing left to do unless run_stream never started
+            rec.tcp_end = tcp_info_of(conn.transport)
             return
         if not rec.is_open("pool_wait"):
             state.begin("pool_wait", now_ns())
@@ -321,6 +331,7 @@ class Client:
             if rec.is_open("pool_wait"):
                 state.end("pool_wait", now_ns())
             await conn.request(state, method, target, fields, body)
+            rec.tcp_end = tcp_info_of(conn.transport)
 
         await asyncio.wait_for(run(), _left(deadline))
 

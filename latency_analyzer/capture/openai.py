@@ -31,6 +31,7 @@ __all__ = [
     "OpenAIStreamParser",
     "StreamDone",
     "StreamTruncated",
+    "TimingsReceived",
     "UsageReceived",
     "error_message_from_body",
     "parse_openai_body",
@@ -67,6 +68,9 @@ class ChunkReceived:
         finish_reason: the first non-null ``finish_reason`` among the choices.
         completion_tokens: ``usage.completion_tokens`` when the chunk carries usage beside its
             choices (vLLM ``continuous_usage_stats``; a non-streaming body), else None.
+        empty_token: no text, but a choice holds a ``content``/``text`` string outside a role
+            announcement: a token whose text is empty (a byte-level model's partial UTF-8
+            piece). vLLM's opening ``{"role": "assistant", "content": ""}`` is not one.
     """
 
     time_ns: int
@@ -74,6 +78,7 @@ class ChunkReceived:
     reasoning: str
     finish_reason: str | None
     completion_tokens: int | None
+    empty_token: bool = False
 
     @property
     def carries_token(self) -> bool:
@@ -88,6 +93,34 @@ class UsageReceived:
     time_ns: int
     prompt_tokens: int | None
     completion_tokens: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class TimingsReceived:
+    """llama.cpp server's ``timings`` object (on its last chunk, or a whole body): the
+    server's own prompt and generation times in ms, and token counts. Only numeric fields of
+    ``TIMINGS_FIELDS`` are kept."""
+
+    time_ns: int
+    values: dict[str, float]
+
+
+#: The ``timings`` fields kept (llama.cpp server): counts and milliseconds.
+TIMINGS_FIELDS = frozenset(
+    {
+        "cache_n",
+        "prompt_n",
+        "prompt_ms",
+        "prompt_per_token_ms",
+        "prompt_per_second",
+        "predicted_n",
+        "predicted_ms",
+        "predicted_per_token_ms",
+        "predicted_per_second",
+        "draft_n",
+        "draft_n_accepted",
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +157,13 @@ class StreamTruncated:
 
 
 Event: TypeAlias = (
-    ChunkReceived | UsageReceived | StreamDone | ErrorReceived | MalformedChunk | StreamTruncated
+    ChunkReceived
+    | UsageReceived
+    | StreamDone
+    | ErrorReceived
+    | MalformedChunk
+    | StreamTruncated
+    | TimingsReceived
 )
 
 
@@ -275,7 +314,8 @@ def _append_chunk(obj: dict[str, Any], time_ns: int, events: list[Event]) -> Non
     if isinstance(choices, list) and choices:
         content, reasoning, finish = _read_choices(choices)
         completion = _int_or_none(usage.get("completion_tokens")) if usage else None
-        events.append(ChunkReceived(time_ns, content, reasoning, finish, completion))
+        empty = not content and not reasoning and _empty_token(choices)
+        events.append(ChunkReceived(time_ns, content, reasoning, finish, completion, empty))
     if usage is not None:
         events.append(
             UsageReceived(
@@ -284,6 +324,15 @@ def _append_chunk(obj: dict[str, Any], time_ns: int, events: list[Event]) -> Non
                 completion_tokens=_int_or_none(usage.get("completion_tokens")),
             )
         )
+    timings = obj.get("timings")
+    if isinstance(timings, dict):
+        values = {
+            k: float(v)
+            for k, v in timings.items()
+            if k in TIMINGS_FIELDS and isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
+        if values:
+            events.append(TimingsReceived(time_ns, values))
 
 
 def _read_choices(choices: list[Any]) -> tuple[str, str, str | None]:
@@ -329,6 +378,21 @@ def _read_choice(choice: Any) -> tuple[str, str, str | None]:
         content += text
     reason = choice.get("finish_reason")
     return content, reasoning, reason if type(reason) is str else None
+
+
+def _empty_token(choices: list[Any]) -> bool:
+    """A choice holds a text field (empty) that is not a role announcement's."""
+    for choice in choices:
+        if not isinstance(choice, dict):
+            continue
+        if isinstance(choice.get("text"), str):
+            return True
+        delta = choice.get("delta")
+        if isinstance(delta, dict) and "role" not in delta:
+            keys = ("content", "reasoning_content", "reasoning")
+            if any(isinstance(delta.get(k), str) for k in keys):
+                return True
+    return False
 
 
 def _str(value: Any) -> str:

@@ -75,12 +75,13 @@ class WireLookup:
     """When one lookup was on the wire (``perf_counter_ns`` clock).
 
     Attributes:
-        first_sent_ns: the first query of the lookup handed to the kernel.
+        first_sent_ns: the first query of the lookup handed to the network device (the
+            kernel's TX stamp), or our instant just before the send where none is reported.
         answered_ns: the kernel's arrival of the last answer the lookup needed (A and AAAA,
             after any retry or TCP fallback); our read instant where unstamped.
         read_ns: when our code read that answer.
-        clock_source: ``"kernel"`` when every needed answer carried a kernel stamp, else
-            ``"userspace"``.
+        clock_source: ``"kernel"`` when the first sends and every needed answer carried kernel
+            stamps, else ``"userspace"``.
         queries: messages sent (retries and TCP fallbacks included).
         transport: ``"udp"``, or ``"tcp"`` when an answer came over TCP.
         read_lag_ns: the largest read − kernel instant over the needed answers (0 unstamped).
@@ -111,6 +112,7 @@ class _Answer:
     rdtype: str
     sent_ns: int
     queries: int
+    sent_kernel: bool = False  # sent_ns is the kernel's (a TX stamp), not ours before the send
     arrival: Arrival | None = None
     stamped: bool = True
     tcp: bool = False
@@ -175,7 +177,18 @@ class DnsResolver(AbstractResolver):
         by_family: dict[int, list[str]] = {socket.AF_INET: ["A"], socket.AF_INET6: ["AAAA"]}
         types = by_family.get(family, ["A", "AAAA"])
         deadline = now_ns() + int(self.timeout * 1e9)
-        answers = await asyncio.gather(*(self._ask(host, t, deadline) for t in types))
+        # Every message built and socket opened first, then the first queries sent back to back:
+        # that work is ours, and the stage runs from the first query on the wire.
+        queries = [dns.message.make_query(host, t) for t in types]
+        wires = [q.to_wire() for q in queries]
+        channels = [_open(self._servers[0]) for _ in types]
+        answers = [_Answer(t, sent_ns=now_ns(), queries=0) for t in types]
+        for answer, channel, wire in zip(answers, channels, wires, strict=True):
+            _send(answer, channel, wire)
+        asks = (
+            self._ask(*job, deadline) for job in zip(queries, wires, answers, channels, strict=True)
+        )
+        await asyncio.gather(*asks)
         self._note(host, answers)
         addresses = [a for answer in answers for a in answer.addresses]
         if addresses:
@@ -187,11 +200,12 @@ class DnsResolver(AbstractResolver):
         if not arrived:
             return
         kernel = [(t.user_ns - t.kernel_ns) for a, t in arrived if a.stamped and t.kernel_ns]
+        sent_kernel = all(a.sent_kernel for a in answers)
         self._lookups[host] = WireLookup(
             first_sent_ns=min(a.sent_ns for a in answers),
             answered_ns=max(t.wire_ns for _, t in arrived),
             read_ns=max(t.user_ns for _, t in arrived),
-            clock_source="kernel" if len(kernel) == len(arrived) else "userspace",
+            clock_source="kernel" if sent_kernel and len(kernel) == len(arrived) else "userspace",
             queries=sum(a.queries for a in answers),
             transport="tcp" if any(a.tcp for a in answers) else "udp",
             read_lag_ns=max(kernel, default=0),
@@ -207,18 +221,28 @@ class DnsResolver(AbstractResolver):
             return f"DNS: no answer for {host!r} within {self.timeout} s"
         return f"DNS: no A/AAAA records for {host!r}"
 
-    async def _ask(self, host: str, rdtype: str, deadline: int) -> _Answer:
-        """One record type: UDP with retries (each server in turn), TCP when truncated."""
-        query = dns.message.make_query(host, rdtype)
-        wire = query.to_wire()
-        answer = _Answer(rdtype, sent_ns=now_ns(), queries=0)
+    async def _ask(
+        self,
+        query: dns.message.Message,
+        wire: bytes,
+        answer: _Answer,
+        channel: DatagramChannel | None,
+        deadline: int,
+    ) -> None:
+        """One record type: UDP with retries (each server in turn), TCP when truncated.
+
+        ``channel`` carries the first attempt, already sent (None: it could not be opened).
+        """
         for attempt in range(_MAX_ATTEMPTS):
             left = (deadline - now_ns()) / 1e9
             if left <= 0:
                 break
             server = self._servers[attempt % len(self._servers)]
+            if attempt > 0:
+                channel = _open(server)
+                _send(answer, channel, wire)
             wait = min(left, _ATTEMPT_TIMEOUT * 2 ** (attempt // len(self._servers)))
-            response = await self._udp(answer, server, wire, query, wait)
+            response = await _receive(answer, channel, query, wait)
             if response is None:
                 continue
             if response.flags & dns.flags.TC:
@@ -228,37 +252,15 @@ class DnsResolver(AbstractResolver):
             rcode = dns.rcode.to_text(response.rcode())
             if rcode == "NOERROR":
                 answer.rcode = None
-                answer.addresses = _addresses(response, rdtype)
-                return answer
+                answer.addresses = _addresses(response, answer.rdtype)
+                return
             answer.rcode = rcode
             if rcode == "NXDOMAIN" or len(self._servers) == 1:
-                return answer  # a definite answer; several servers: ask the next one
+                return  # a definite answer; several servers: ask the next one
+        if channel is not None:  # the deadline passed before the first attempt was awaited
+            channel.close()
         if answer.rcode is None:
             answer.timed_out = True
-        return answer
-
-    async def _udp(
-        self,
-        answer: _Answer,
-        server: tuple[str, int],
-        wire: bytes,
-        query: dns.message.Message,
-        wait: float,
-    ) -> dns.message.Message | None:
-        try:
-            channel = DatagramChannel(server)
-        except OSError:
-            return None
-        try:
-            sent = channel.send(wire)
-            if answer.queries == 0:
-                answer.sent_ns = sent
-            answer.queries += 1
-            return await asyncio.wait_for(_matching(channel, query, answer), wait)
-        except (OSError, TimeoutError, asyncio.TimeoutError):
-            return None
-        finally:
-            channel.close()
 
     async def _tcp(
         self,
@@ -282,6 +284,48 @@ class DnsResolver(AbstractResolver):
         return response
 
     async def close(self) -> None:
+        return None
+
+
+def _send(answer: _Answer, channel: DatagramChannel | None, wire: bytes) -> None:
+    if channel is None:
+        return
+    try:
+        sent = channel.send(wire)
+    except OSError:
+        channel.close()
+        return
+    if answer.queries == 0:
+        answer.sent_ns = sent
+    answer.queries += 1
+    _settle_first_send(answer, channel)
+
+
+def _settle_first_send(answer: _Answer, channel: DatagramChannel) -> None:
+    """The lookup's first query: the device's instant, where the kernel reported it."""
+    if answer.queries == 1 and not answer.sent_kernel and channel.sent_kernel_ns is not None:
+        answer.sent_ns, answer.sent_kernel = channel.sent_kernel_ns, True
+
+
+async def _receive(
+    answer: _Answer, channel: DatagramChannel | None, query: dns.message.Message, wait: float
+) -> dns.message.Message | None:
+    """The answer to ``query`` on ``channel`` within ``wait`` seconds (None: none came)."""
+    if channel is None:
+        return None
+    try:
+        return await asyncio.wait_for(_matching(channel, query, answer), wait)
+    except (OSError, TimeoutError, asyncio.TimeoutError):
+        return None
+    finally:
+        _settle_first_send(answer, channel)  # a device may report its stamp late
+        channel.close()
+
+
+def _open(server: tuple[str, int]) -> DatagramChannel | None:
+    try:
+        return DatagramChannel(server)
+    except OSError:
         return None
 
 

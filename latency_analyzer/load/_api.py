@@ -14,7 +14,17 @@ from .distributed import run_ray, run_workers
 __all__ = ["run", "run_sync"]
 
 #: Options only a run in this process can honour: callables and objects of this process.
-_IN_PROCESS_ONLY = ("hooks", "progress", "scraper", "worker", "step", "start_ns", "on_row", "stop")
+_IN_PROCESS_ONLY = (
+    "hooks",
+    "progress",
+    "scraper",
+    "spans",
+    "worker",
+    "step",
+    "start_ns",
+    "on_row",
+    "stop",
+)
 
 
 async def run(

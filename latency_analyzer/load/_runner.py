@@ -10,6 +10,11 @@ Closed loop: ``concurrency`` users, each sends, waits for its response, thinks, 
 
 Every issued request ends as exactly one row (``issued == stored``): the client turns every
 failure into a waterfall.
+
+A cancelled run (Ctrl-C under ``asyncio.run``, or a cancelled task) still keeps that promise:
+requests in flight are stored as waterfalls with ``error_type="cancelled"`` and the stages they
+had reached, the file's ``result`` note says ``"interrupted": true``, and the cancellation then
+propagates.
 """
 
 from __future__ import annotations
@@ -26,10 +31,11 @@ from typing import Any
 import numpy as np
 
 from ..analysis import Summary, Tags, WaterfallSet, fingerprint
-from ..capture.client import Client
+from ..capture.client import Client, redact_url
 from ..errors import UsageError
 from ..metrics import MetricSeries, Scraper
-from ..timeline import Waterfall
+from ..server.store import SpanStore
+from ..timeline import Recorder, Waterfall
 from ._dists import arrival_gaps
 from ._monitor import ClientHealth, LoopMonitor, Pacer
 from ._scenario import Scenario, Template
@@ -73,6 +79,8 @@ class RunResult:
     target_saturated: bool = False
     notes: list[str] = field(default_factory=list)
     metrics: MetricSeries | None = None  # server metrics scraped during the run, if any
+    interrupted: bool = False  # cancelled (Ctrl-C): in-flight requests stored as cancelled
+    spans_dropped: int | None = None  # server spans the run's span store evicted or refused
 
     def summary(self, **kwargs: Any) -> Summary:
         """The set's summary with this run's notes (saturation, client health) added."""
@@ -92,6 +100,8 @@ class RunResult:
             "target_saturated": self.target_saturated,
             "client": self.client.to_dict(),
             "notes": self.notes,
+            "interrupted": self.interrupted,
+            "spans_dropped": self.spans_dropped,
         }
 
 
@@ -151,8 +161,23 @@ class _Run:
         return d is not None and t_ns >= self.t0 + round(d * 1e9)
 
 
-async def _send(run: _Run, body: dict[str, Any], intended: int | None) -> Waterfall:
-    return await run.client.request(run.sc.url, json=body, intended_start_ns=intended)
+async def _send(
+    run: _Run,
+    body: dict[str, Any],
+    intended: int | None,
+    on_cancel: Callable[[Waterfall], None],
+) -> Waterfall:
+    return await run.client.request(
+        run.sc.url, json=body, intended_start_ns=intended, on_cancel=on_cancel
+    )
+
+
+def _unsent(run: _Run, intended: int) -> Waterfall:
+    """The row of a request cancelled before it was sent (waiting for a client slot)."""
+    now = time.perf_counter_ns()
+    rec = Recorder("POST", redact_url(run.sc.url), start_ns=now, intended_start_ns=intended)
+    rec.fail("cancelled", "cancelled while waiting for a client slot", now)
+    return rec.finish(now)
 
 
 # -- open loop ---------------------------------------------------------------------------------
@@ -180,11 +205,22 @@ async def _open_request(
     intended: int,
     index: int,
 ) -> None:
-    if slots is None:
-        wf = await _send(run, body, intended)
-    else:
-        async with slots:  # the wait for a slot stays inside schedule_lag: never hidden
-            wf = await _send(run, body, intended)
+    stored: list[bool] = []
+
+    def cancelled(wf: Waterfall) -> None:
+        stored.append(True)
+        run.store(wf, template, length, run.warm(index, intended))
+
+    try:
+        if slots is None:
+            wf = await _send(run, body, intended, cancelled)
+        else:
+            async with slots:  # the wait for a slot stays inside schedule_lag: never hidden
+                wf = await _send(run, body, intended, cancelled)
+    except asyncio.CancelledError:
+        if not stored:
+            cancelled(_unsent(run, intended))
+        raise
     run.store(wf, template, length, run.warm(index, intended))
 
 
@@ -192,19 +228,29 @@ async def _open_loop(run: _Run, pacer: Pacer) -> None:
     cap = run.sc.max_in_flight
     slots = asyncio.Semaphore(cap) if cap else None
     tasks: set[asyncio.Task[None]] = set()
-    for intended in _schedule(run):
-        if run.past_deadline(intended):
-            break
-        index = run.issued
-        claimed = run.next_request()  # body built before the wait, not on the request's clock
-        if claimed is None:
-            break
-        await pacer.wait_until(intended)
-        task = asyncio.create_task(_open_request(run, slots, *claimed, intended, index))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-        run.issue_end_ns = intended
-    await _gather(tasks)
+    try:
+        for intended in _schedule(run):
+            if run.past_deadline(intended):
+                break
+            index = run.issued
+            claimed = run.next_request()  # body built before the wait, not on its clock
+            if claimed is None:
+                break
+            try:
+                await pacer.wait_until(intended)
+            except asyncio.CancelledError:
+                run.issued -= 1  # claimed, never started: not issued
+                raise
+            task = asyncio.create_task(_open_request(run, slots, *claimed, intended, index))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+            run.issue_end_ns = intended
+        await _gather(tasks)
+    except asyncio.CancelledError:
+        for task in tasks:  # each stores its cancelled row
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 async def _gather(tasks: set[asyncio.Task[None]]) -> None:
@@ -223,7 +269,13 @@ async def _user(run: _Run, user: int) -> None:
         if claimed is None:
             return
         template, body, length = claimed
-        wf = await _send(run, body, None)
+
+        def cancelled(
+            wf: Waterfall, t: Template = template, n: int = length, i: int = index
+        ) -> None:
+            run.store(wf, t, n, run.warm(i, wf.start_ns))
+
+        wf = await _send(run, body, None, cancelled)
         run.store(wf, template, length, run.warm(index, wf.start_ns))
         if sc.think_time is not None:
             await asyncio.sleep(sc.think_time.sample(run.rng))
@@ -250,6 +302,7 @@ async def run(
     start_ns: int | None = None,
     on_row: RowSink | None = None,
     stop: asyncio.Event | None = None,
+    spans: SpanStore | None = None,
 ) -> RunResult:
     """Run ``scenario`` in this process and return its set and self-check.
 
@@ -268,6 +321,8 @@ async def run(
             issued late, and their lateness is ``schedule_lag``.
         on_row: called with every stored row (waterfall and tags) as it is stored.
         stop: once set, no further request is issued; in-flight ones finish and are stored.
+        spans: the span store the run's receivers feed: what it evicts or refuses during the
+            run (over its caps) is the result's ``spans_dropped`` and a summary note.
     """
     meta = {
         "scenario": scenario.to_dict(),
@@ -286,19 +341,29 @@ async def run(
     started = scraper is not None and not scraper.running
     if scraper is not None and started:
         await scraper.start()
+    cancelled: asyncio.CancelledError | None = None
+    dropped_before = None if spans is None else spans.dropped
     try:
         async with client, LoopMonitor() as mon:
             r.t0 = time.perf_counter_ns() + _LEAD_NS if start_ns is None else start_ns
             extra = [asyncio.create_task(h(r.t0)) for h in hooks]
             try:
                 await (_open_loop(r, pacer) if pacer is not None else _closed_loop(r))
+            except asyncio.CancelledError as exc:  # rows are stored; finish the file, re-raise
+                cancelled = exc
             finally:
                 await _finish_hooks(extra)
-        result = _result(r, mon, pacer)  # before close: the result is noted in the file too
+        # before close: the result is noted in the file too
+        result = _result(r, mon, pacer, interrupted=cancelled is not None)
+        if spans is not None and dropped_before is not None:
+            _spans_dropped(result, spans, spans.dropped - dropped_before)
+        r.ws.note("result", result.to_dict())
     finally:
         if scraper is not None:
             await _stop_scraper(scraper, ws, started)
         ws.close()
+    if cancelled is not None:
+        raise cancelled
     result.metrics = None if scraper is None else scraper.series
     return result
 
@@ -319,19 +384,31 @@ async def _finish_hooks(tasks: list[asyncio.Task[None]]) -> None:
             await t
 
 
-def _result(r: _Run, mon: LoopMonitor, pacer: Pacer | None) -> RunResult:
+def _result(r: _Run, mon: LoopMonitor, pacer: Pacer | None, *, interrupted: bool) -> RunResult:
     if r.issued != r.stored:  # the invariant every report rests on
         raise UsageError(f"{r.issued} requests issued but {r.stored} stored")
     health = mon.health(pacer)
-    res = RunResult(r.ws, r.sc, r.issued, health, mon.wall_s)
+    res = RunResult(r.ws, r.sc, r.issued, health, mon.wall_s, interrupted=interrupted)
+    if interrupted:
+        n = r.ws.labels("error_type").count("cancelled")
+        res.notes.append(f"the run was INTERRUPTED: {n} requests in flight stored as cancelled")
     _http_tls(r.ws, r.tls_versions)
     if r.sc.mode == "open" and r.sc.arrival != "burst":
         _target_check(r, res)
     note = health.note()
     if note:
         res.notes.append(note)
-    r.ws.note("result", res.to_dict())
     return res
+
+
+def _spans_dropped(res: RunResult, store: SpanStore, dropped: int) -> None:
+    res.spans_dropped = dropped
+    if dropped:
+        res.notes.append(
+            f"the span store dropped {dropped} server spans (over its caps: {store.max_spans} "
+            f"spans, {store.max_bytes} bytes, {store.max_traces} traces); requests whose "
+            "spans were dropped merge as 'no server data'"
+        )
 
 
 def _http_tls(ws: WaterfallSet, tls_versions: set[str]) -> None:

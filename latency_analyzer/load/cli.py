@@ -130,7 +130,8 @@ def _progress(sc: Scenario) -> tuple[Progress | None, Callable[[], None]]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """Run, write the set to ``--out``, print the summary (exit 1 if any request failed)."""
+    """Run, write the set to ``--out``, print the summary (exit 1 if any request failed;
+    130 on Ctrl-C, after the requests in flight are stored as cancelled)."""
     sc = _scenario(args)
     preset = args.preset or _file_preset(args.scenario)
     update, stop = _progress(sc)
@@ -153,8 +154,18 @@ def cmd_run(args: argparse.Namespace) -> int:
             result = run_ray_sync(sc, workers=workers, path=args.out, address=address)
         elif _local_workers(args, sc) > 1:
             result = run_workers_sync(sc, workers=_local_workers(args, sc), path=args.out)
+            if getattr(result, "interrupted", False):
+                raise KeyboardInterrupt  # reported below, as a run in one process is
         else:
             result = asyncio.run(run(sc, path=args.out, progress=update, scraper=_scraper(args)))
+    except KeyboardInterrupt:  # asyncio.run cancelled the run, which stored and noted it
+        stop()
+        print(
+            f"latency-analyzer: interrupted; requests in flight were recorded as cancelled "
+            f"and the run file {args.out} says so",
+            file=sys.stderr,
+        )
+        return 130
     finally:
         stop()
     if preset == "long_tail":

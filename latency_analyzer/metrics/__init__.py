@@ -18,7 +18,7 @@ rates, per-interval histogram quantiles) ← ``_scraper`` (aiohttp, background t
 
 from ._join import POINTS, Correlation, correlate, explain, join, request_instants
 from ._parse import MetricsParseError, ParsedSample, is_openmetrics, parse
-from ._presets import DCGM, PRESETS, TESTBED, VLLM, Metric, resolve, specs
+from ._presets import DCGM, LLAMACPP, PRESETS, TESTBED, VLLM, Metric, resolve, specs
 from ._scraper import MIN_INTERVAL_S, Scraper, Target
 from ._series import METRICS_SCHEMA, Gap, MetricSeries, SeriesKey
 from ._table import summary_rows, summary_text
@@ -26,6 +26,7 @@ from ._timeseries import TimeSeries
 
 __all__ = [
     "DCGM",
+    "LLAMACPP",
     "METRICS_SCHEMA",
     "MIN_INTERVAL_S",
     "POINTS",

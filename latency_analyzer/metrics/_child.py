@@ -8,6 +8,7 @@ imported by the package, so running it as ``__main__`` imports it exactly once.
 from __future__ import annotations
 
 import pickle
+import signal
 import sys
 from typing import Any, BinaryIO
 
@@ -37,4 +38,7 @@ def serve(inp: BinaryIO, out: BinaryIO) -> None:
 
 
 if __name__ == "__main__":
+    # Ctrl-C reaches the whole process group: the parent finishes its run (a last scrape
+    # included) and then closes our stdin, which is when we end
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     serve(sys.stdin.buffer, sys.stdout.buffer)

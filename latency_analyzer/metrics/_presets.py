@@ -1,9 +1,12 @@
-"""Named metric selections for common servers: vLLM, NVIDIA's DCGM exporter, the test bed.
+"""Named metric selections for common servers: vLLM, llama.cpp, NVIDIA's DCGM exporter, the
+test bed.
 
 vLLM names are those of vLLM 0.32's ``/metrics`` (``shared/fixtures/real-servers/
-vllm-0.32-metrics.prom``); DCGM names are dcgm-exporter's default counters (one series per GPU,
-labelled ``gpu``, ``UUID``, ``modelName``; all exported as gauges). Any other metric is used by
-name: ``Metric("my_queue_depth")``.
+vllm-0.32-metrics.prom``); llama.cpp names those of ``llama-server --metrics`` (``llamacpp:``
+prefix; ``tests/fixtures/real-servers/llama.cpp-server-metrics.prom``); DCGM names are
+dcgm-exporter's default counters (one series per GPU, labelled ``gpu``, ``UUID``,
+``modelName``; all exported as gauges). Any other metric is used by name:
+``Metric("my_queue_depth")``.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from ..errors import UsageError
 from ._series import MetricSeries
 from ._timeseries import Kind, TimeSeries
 
-__all__ = ["DCGM", "PRESETS", "TESTBED", "VLLM", "Metric", "resolve", "specs"]
+__all__ = ["DCGM", "LLAMACPP", "PRESETS", "TESTBED", "VLLM", "Metric", "resolve", "specs"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +71,17 @@ VLLM = (
     Metric("vllm:inter_token_latency_seconds", "quantile", q=0.99, label="vllm_itl_p99"),
 )
 
+LLAMACPP = (
+    Metric("llamacpp:requests_processing", label="llamacpp_running"),
+    Metric("llamacpp:requests_deferred", label="llamacpp_waiting"),
+    Metric("llamacpp:n_busy_slots_per_decode", label="llamacpp_busy_slots_per_decode"),
+    Metric("llamacpp:prompt_tokens_total", "rate", label="llamacpp_prompt_tokens_per_s"),
+    Metric("llamacpp:tokens_predicted_total", "rate", label="llamacpp_generation_tokens_per_s"),
+    Metric("llamacpp:n_decode_total", "rate", label="llamacpp_decodes_per_s"),
+    Metric("llamacpp:prompt_seconds_total", "rate", label="llamacpp_prompt_busy"),
+    Metric("llamacpp:tokens_predicted_seconds_total", "rate", label="llamacpp_generation_busy"),
+)
+
 DCGM = (
     Metric("DCGM_FI_DEV_GPU_UTIL", agg="mean", label="gpu_util_pct"),
     Metric("DCGM_FI_DEV_FB_USED", label="gpu_mem_used_mib"),
@@ -86,7 +100,12 @@ TESTBED = (
     Metric("testbed_queue_time_seconds", "quantile", q=0.99, label="testbed_queue_p99"),
 )
 
-PRESETS: dict[str, tuple[Metric, ...]] = {"vllm": VLLM, "dcgm": DCGM, "testbed": TESTBED}
+PRESETS: dict[str, tuple[Metric, ...]] = {
+    "vllm": VLLM,
+    "llamacpp": LLAMACPP,
+    "dcgm": DCGM,
+    "testbed": TESTBED,
+}
 
 
 def specs(selection: str | Metric | Iterable[str | Metric]) -> list[Metric]:

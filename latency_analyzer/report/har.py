@@ -94,8 +94,10 @@ def _llm_fields(wf: Waterfall) -> dict[str, Any]:
     def ms(x: float | None) -> float | None:
         return None if x is None else round(x * 1e3, 6)
 
+    ttfc = {} if wf.first_chunk_ns is None else {"ttfc_ms": ms(wf.ttfc)}
     fields: dict[str, Any] = {
         "ttft_ms": ms(wf.ttft),
+        **ttfc,
         "tpot_ms": ms(wf.tpot),
         "itl_ms": [round(g * 1e3, 6) for g in wf.itl],
         "output_tokens": wf.output_tokens,

@@ -99,6 +99,8 @@ def waterfall_html(wf: Waterfall) -> str:
     how = "reused connection" if wf.connection.reused else "new connection"
     head = f"{wf.method} {wf.url} · {status} · HTTP/{wf.http_version or '–'} · {how}"
     metrics = [("e2e", _ms(wf.e2e)), ("TTFT", _ms(wf.ttft)), ("TPOT", _ms(wf.tpot))]
+    if wf.first_chunk_ns is not None:
+        metrics.insert(2, ("TTFC (empty text included)", _ms(wf.ttfc)))
     metrics.append(("output tokens", str(wf.output_tokens if wf.output_tokens else "–")))
     stages = [(name, _ms(s)) for name, s in wf.attribution().items() if s]
     return (

@@ -93,6 +93,8 @@ def _root_attributes(wf: Waterfall) -> dict[str, AttrValue]:
                 "latency_analyzer.tcp.lost": tcp.lost,
             }
         )
+    if wf.first_chunk_ns is not None:  # else equal to ttft
+        attrs["latency_analyzer.ttfc_ns"] = wf.ttfc_ns
     return attrs
 
 

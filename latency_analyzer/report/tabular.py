@@ -5,9 +5,11 @@
   ``Waterfall.to_dict()``. ``read_jsonl`` and ``WaterfallSet.load`` both read it back exactly.
 * CSV, DataFrame and Parquet have one row per request: the fixed ``ROW_COLUMNS`` and then one
   ``stage_<name>_ms`` column per stage (exclusive time, empty when the request had no such
-  stage), in path order. The CSV's first line is a ``#`` comment with the version stamp
-  (``pandas.read_csv(path, skiprows=1)``); a DataFrame carries it in ``df.attrs``; a Parquet
-  file in its schema metadata under ``latency_analyzer``.
+  stage), in path order; then, when any request has a ``TCP_INFO`` reading, the ``TCP_COLUMNS``
+  from its end reading (empty for requests without one). The CSV's first line is a ``#``
+  comment with the version stamp (``pandas.read_csv(path, skiprows=1)``); a DataFrame
+  carries it in ``df.attrs``; a Parquet file in its schema metadata under
+  ``latency_analyzer``.
 
 pandas (``latency-analyzer[dataframe]``) and pyarrow (``[parquet]``) load on first use.
 """
@@ -30,6 +32,7 @@ from ._common import export_meta, scrub
 
 __all__ = [
     "ROW_COLUMNS",
+    "TCP_COLUMNS",
     "read_jsonl",
     "rows",
     "to_csv",
@@ -58,7 +61,10 @@ ROW_COLUMNS = (
     "tls_alpn",
     "tls_session_reused",
     "server_status",
+    "ttfc_ms",
 )
+#: The kernel's view of each request's connection at its end (``wf.tcp_end``), after the stages.
+TCP_COLUMNS = ("tcp_rtt_ms", "tcp_min_rtt_ms", "tcp_total_retrans", "tcp_lost", "tcp_snd_cwnd")
 _STAGE_ORDER = tuple(dict.fromkeys((*CLIENT_STAGES, *SERVER_STAGES, *RESIDUALS)))
 
 
@@ -125,9 +131,20 @@ def _row(wf: Waterfall) -> dict[str, Any]:
         "tls_alpn": None if tls is None else tls.alpn,
         "tls_session_reused": None if tls is None else tls.session_reused,
         "server_status": wf.attributes.get("server.status"),
+        "ttfc_ms": _ms(wf.ttfc),
     }
     for stage, ns in wf.attribution_ns().items():
         row[f"stage_{stage}_ms"] = round(ns / 1e6, 6)
+    tcp = wf.tcp_end
+    if tcp is not None:
+        min_rtt = None if tcp.min_rtt_us is None else tcp.min_rtt_us / 1e3
+        row.update(
+            zip(
+                TCP_COLUMNS,
+                (tcp.rtt_us / 1e3, min_rtt, tcp.total_retrans, tcp.lost, tcp.snd_cwnd),
+                strict=True,
+            )
+        )
     return row
 
 
@@ -137,7 +154,8 @@ def rows(waterfalls: Iterable[Waterfall]) -> tuple[list[str], list[dict[str, Any
     seen = {k for r in data for k in r if k.startswith("stage_")}
     rank = {f"stage_{s}_ms": i for i, s in enumerate(_STAGE_ORDER)}
     stages = sorted(seen, key=lambda k: (rank.get(k, len(rank)), k))
-    return [*ROW_COLUMNS, *stages], data
+    tcp = list(TCP_COLUMNS) if any(TCP_COLUMNS[0] in r for r in data) else []
+    return [*ROW_COLUMNS, *stages, *tcp], data
 
 
 # -- CSV --------------------------------------------------------------------------------------

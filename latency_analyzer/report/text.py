@@ -123,6 +123,8 @@ def _metrics(wf: Waterfall) -> list[str]:
     line = f"  TTFT {_ms(wf.ttft)}"
     if wf.ttfrt is not None:
         line += f" (reasoning {_ms(wf.ttfrt)}, answer {_ms(wf.ttfat)})"
+    if wf.first_chunk_ns is not None:
+        line += f" (first token chunk, empty text: {_ms(wf.ttfc)})"
     line += f" · TPOT {_ms(wf.tpot)} · {wf.output_tokens} output tokens ({wf.output_tokens_source})"
     itl = wf.itl
     if len(itl) >= 2:

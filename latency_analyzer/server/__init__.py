@@ -1,7 +1,8 @@
 """What the server says about a request: OpenTelemetry spans and Server-Timing headers.
 
 * ``inject(headers)``: a W3C ``traceparent`` for each request (``propagation``).
-* receivers, all feeding one ``SpanStore`` keyed by trace id: ``OTLPHttpReceiver``
+* receivers, all feeding one bounded ``SpanStore`` keyed by trace id, each decoding within
+  ``Limits`` off its event loop: ``OTLPHttpReceiver``
   (``/v1/traces``, protobuf or JSON, gzip), ``read_otlp_jsonl`` (the file exporter's
   JSON lines), ``StoreSpanProcessor`` (in-process SDK; import from ``server.inprocess``) and
   ``OTLPGrpcReceiver`` (``server.otlp_grpc``, needs grpcio).
@@ -29,17 +30,29 @@ from .server_timing import (
     server_timing_stages,
     tgi_header_stages,
 )
-from .spans import PayloadError, ServerSpan, decode_otlp, decode_otlp_json, decode_otlp_protobuf
+from .spans import (
+    DEFAULT_LIMITS,
+    Limits,
+    PayloadError,
+    PayloadTooLarge,
+    ServerSpan,
+    decode_otlp,
+    decode_otlp_json,
+    decode_otlp_protobuf,
+)
 from .store import SpanStore
 
 __all__ = [
+    "DEFAULT_LIMITS",
     "GENERIC_NAMES",
     "SCHEMAS",
     "Bracket",
     "ClockOffset",
+    "Limits",
     "OTLPHttpReceiver",
     "OTLPJsonLinesParser",
     "PayloadError",
+    "PayloadTooLarge",
     "ServerSpan",
     "ServerStages",
     "ServerTimingMetric",

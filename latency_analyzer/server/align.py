@@ -101,10 +101,13 @@ def bracket(wf: Waterfall, stages: ServerStages) -> Bracket | None:
     to_epoch = wf.anchor.to_epoch_ns
     hi = stages.arrival_ns - to_epoch(send.start_ns)
     lows: list[tuple[str, int]] = []
-    if stages.first_token_ns is not None and wf.first_token_ns is not None:
-        lows.append(("first_token", stages.first_token_ns - to_epoch(wf.first_token_ns)))
-    if stages.last_token_ns is not None and wf.last_token_ns is not None:
-        lows.append(("last_token", stages.last_token_ns - to_epoch(wf.last_token_ns)))
+    # the server's first and last tokens are chunks of either kind: one whose text is empty
+    # is still a token to the server, and the last visible one can precede the last token
+    first, last = wf.first_token_chunk_ns, wf.last_token_chunk_ns
+    if stages.first_token_ns is not None and first is not None:
+        lows.append(("first_token", stages.first_token_ns - to_epoch(first)))
+    if stages.last_token_ns is not None and last is not None:
+        lows.append(("last_token", stages.last_token_ns - to_epoch(last)))
     if stages.done_ns is not None:
         lows.append(("done", stages.done_ns - to_epoch(wf.end_ns)))
     if not lows:

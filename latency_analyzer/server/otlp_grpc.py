@@ -11,8 +11,13 @@ vLLM and SGLang export over gRPC by default (``OTEL_EXPORTER_OTLP_TRACES_PROTOCO
 
 Every bad request is answered and the receiver keeps serving: a message over ``max_message``
 (as sent, or after gRPC's own gzip inflation) gets ``RESOURCE_EXHAUSTED`` from gRPC itself,
-before any of it reaches Python; a body that is not an ``ExportTraceServiceRequest`` gets
-``INVALID_ARGUMENT``.
+before any of it reaches Python; one over ``limits`` (spans, resource entries, items, found by
+a bounded walk before it is decoded) gets ``RESOURCE_EXHAUSTED`` too; a body that is not an
+``ExportTraceServiceRequest`` gets ``INVALID_ARGUMENT``; while the decode lane for its size is
+full, ``UNAVAILABLE`` (retryable). Decoding runs in a worker thread, never on the loop
+(:mod:`._pool`); gRPC's C core reads the bytes. A connection that has not finished the HTTP/2
+handshake within ``handshake_timeout`` is closed, as is one idle for ``idle_timeout``, and at
+most ``max_concurrent_rpcs`` exports are served at once (the rest get ``RESOURCE_EXHAUSTED``).
 
 The method is registered with a bytes-in handler rather than through the generated
 ``add_TraceServiceServicer_to_server``: that one parses in gRPC's deserializer, where a corrupt
@@ -25,13 +30,15 @@ path comes from the generated service descriptor and decoding is
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING
 
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 from ..errors import UsageError
+from ._pool import Busy, DecodePool
 from ._runner import ThreadRunner
-from .spans import PayloadError, decode_otlp_protobuf
+from .spans import DEFAULT_LIMITS, Limits, PayloadError, PayloadTooLarge, decode_otlp_protobuf
 from .store import SpanStore
 
 if TYPE_CHECKING:
@@ -75,11 +82,17 @@ class OTLPGrpcReceiver:
             second receiver cannot silently share a port with the first).
         max_message: largest accepted message in bytes, as sent and after gRPC's inflation
             of a compressed message (16 MiB, as ``OTLPHttpReceiver.max_body``).
+        limits: spans, resource entries and items per message (:class:`Limits`).
+        handshake_timeout: seconds a new connection has to complete the HTTP/2 handshake (10).
+        idle_timeout: seconds an idle connection is kept (60).
+        max_concurrent_rpcs: exports served at once (64).
 
     Attributes:
         accepted: export requests stored.
-        rejected: export requests answered ``INVALID_ARGUMENT``. Oversized messages are
-            refused by gRPC before the handler runs and are not counted here.
+        rejected: export requests answered ``INVALID_ARGUMENT`` or, over ``limits``,
+            ``RESOURCE_EXHAUSTED``. Messages over ``max_message`` are refused by gRPC
+            before the handler runs and are not counted here.
+        busy: export requests answered ``UNAVAILABLE`` (decode lane full).
 
     Raises:
         UsageError: grpcio is not installed, or ``max_message`` is not positive.
@@ -92,6 +105,10 @@ class OTLPGrpcReceiver:
         host: str = "127.0.0.1",
         port: int = 0,
         max_message: int = 16 * 1024 * 1024,
+        limits: Limits = DEFAULT_LIMITS,
+        handshake_timeout: float = 10.0,
+        idle_timeout: float = 60.0,
+        max_concurrent_rpcs: int = 64,
     ) -> None:
         if max_message <= 0:
             raise UsageError(f"max_message must be positive, not {max_message}")
@@ -100,9 +117,18 @@ class OTLPGrpcReceiver:
         self.host = host
         self.port = port
         self.max_message = max_message
+        self.limits = limits
+        self.handshake_timeout = handshake_timeout
+        self.idle_timeout = idle_timeout
+        self.max_concurrent_rpcs = max_concurrent_rpcs
         self.accepted = 0
         self.rejected = 0
         self._server: grpc.aio.Server | None = None
+        self._pool: DecodePool | None = None
+
+    @property
+    def busy(self) -> int:
+        return 0 if self._pool is None else self._pool.busy
 
     @property
     def target(self) -> str:
@@ -130,7 +156,10 @@ class OTLPGrpcReceiver:
             options=[
                 ("grpc.max_receive_message_length", self.max_message),
                 ("grpc.so_reuseport", 0),
-            ]
+                ("grpc.server_handshake_timeout_ms", round(self.handshake_timeout * 1000)),
+                ("grpc.max_connection_idle_ms", round(self.idle_timeout * 1000)),
+            ],
+            maximum_concurrent_rpcs=self.max_concurrent_rpcs,
         )
         handler: grpc.RpcMethodHandler[bytes, bytes] = grpc.unary_unary_rpc_method_handler(
             self._export
@@ -144,6 +173,7 @@ class OTLPGrpcReceiver:
             raise OSError(f"cannot bind the OTLP/gRPC receiver to {self.target}: {exc}") from None
         if port == 0:
             raise OSError(f"cannot bind the OTLP/gRPC receiver to {self.target}")
+        self._pool = DecodePool()
         await server.start()
         self.port = port  # the real port when port=0
         self._server = server
@@ -153,6 +183,9 @@ class OTLPGrpcReceiver:
         if self._server is not None:
             await self._server.stop(_SHUTDOWN_GRACE_S)
             self._server = None
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            await asyncio.to_thread(pool.close)
 
     async def __aenter__(self) -> OTLPGrpcReceiver:
         await self.start()
@@ -168,11 +201,20 @@ class OTLPGrpcReceiver:
     async def _export(self, body: bytes, context: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
         import grpc
 
+        assert self._pool is not None  # serving
         try:
-            spans = decode_otlp_protobuf(body)
+            await self._pool.run(len(body), lambda: self._decode(body))
+        except PayloadTooLarge as exc:
+            self.rejected += 1
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, exc.message)
         except PayloadError as exc:
             self.rejected += 1
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.message)
-        self.store.add(spans)
+        except Busy as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         self.accepted += 1
         return _EMPTY_RESPONSE  # an empty ExportTraceServiceResponse: full success
+
+    def _decode(self, body: bytes) -> None:
+        """In a decode lane: check, decode, store."""
+        self.store.add(decode_otlp_protobuf(body, self.limits))

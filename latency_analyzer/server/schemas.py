@@ -53,6 +53,9 @@ class ServerStages:
         span_id: the server's request span id, when spans were the source.
         attributes: server-reported facts worth keeping (request id, token counts).
         timed: False when only durations are known (Server-Timing): the merge places them.
+        token_anchored: with ``timed`` False, the stages are ``prefill`` then ``decode``, the
+            prefill ending at the first token and the decode by the last byte (llama.cpp's
+            ``timings``): the merge places them by the client's token instants.
     """
 
     schema: str
@@ -64,6 +67,7 @@ class ServerStages:
     attributes: Mapping[str, AttrValue] = field(default_factory=dict, hash=False)
     timed: bool = True
     last_token_ns: int | None = None
+    token_anchored: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.attributes, MappingProxyType):

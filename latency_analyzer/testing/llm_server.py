@@ -82,6 +82,13 @@ class Behavior:
         role_chunk: send a vLLM-style ``{"role": "assistant", "content": ""}`` chunk right
             after the headers.
         reasoning_tokens: the first N tokens go to ``delta.reasoning_content`` (chat only).
+        empty_tokens, empty_last_tokens: the first / last N tokens are sent with empty text
+            (``content: ""`` or ``text: ""``), as a byte-level model streams partial UTF-8
+            pieces; each is still its own chunk, stamped in ``RequestRecord.chunk_ns``.
+        timings: end a stream with llama.cpp server's closing chunk (empty delta,
+            ``finish_reason``) carrying its ``timings``: ``prompt_ms`` from the end of the
+            queue to the first token's write, ``predicted_ms`` from the first token's write to
+            the last's (both from ``RequestRecord`` stamps), ``prompt_n``, ``predicted_n``.
         keepalive: if False, every response carries ``Connection: close``.
         fault: one of :data:`FAULTS` or None; see :class:`LLMServer`.
         fault_after: token chunks sent before the fault strikes (stream faults).
@@ -98,6 +105,9 @@ class Behavior:
     usage: bool = True
     role_chunk: bool = True
     reasoning_tokens: int = 0
+    empty_tokens: int = 0
+    empty_last_tokens: int = 0
+    timings: bool = False
     keepalive: bool = True
     fault: str | None = None
     fault_after: int = 0
@@ -109,6 +119,8 @@ class Behavior:
             raise ValueError(f"unknown fault {self.fault!r}; expected one of {sorted(FAULTS)}")
         if self.tokens < 0 or self.tokens_per_chunk < 1 or self.fault_after < 0:
             raise ValueError("tokens and fault_after must be >= 0, tokens_per_chunk >= 1")
+        if self.empty_tokens < 0 or self.empty_last_tokens < 0:
+            raise ValueError("empty_tokens and empty_last_tokens must be >= 0")
         for name in ("header_delay", "queue", "prefill", "decode"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
@@ -314,9 +326,15 @@ def _chunk_envelope(ex: _Exchange, choices: list[dict[str, Any]]) -> dict[str, A
 
 def _texts(ex: _Exchange, start: int, stop: int) -> tuple[str, str]:
     """Return (reasoning, content) text of tokens ``start..stop-1``."""
-    split = min(max(ex.behavior.reasoning_tokens if ex.chat else 0, start), stop)
-    reasoning = "".join(token_text(i) for i in range(start, split))
-    return reasoning, "".join(token_text(i) for i in range(split, stop))
+    b = ex.behavior
+    split = min(max(b.reasoning_tokens if ex.chat else 0, start), stop)
+    visible = range(b.empty_tokens, b.tokens - b.empty_last_tokens)
+
+    def text(i: int) -> str:
+        return token_text(i) if i in visible else ""
+
+    reasoning = "".join(text(i) for i in range(start, split))
+    return reasoning, "".join(text(i) for i in range(split, stop))
 
 
 def _token_chunk(ex: _Exchange, start: int, stop: int) -> dict[str, Any]:
@@ -607,8 +625,9 @@ class LLMServer(Service):
             arrival order, before their own timeline (header_delay, queue, ...) starts: a
             server with one worker and a deterministic service time is an M/D/1 queue.
         header_delay, queue, prefill, decode, tokens, tokens_per_chunk, usage, role_chunk,
-            reasoning_tokens, keepalive, fault, fault_after, fault_status, model: the
-            default :class:`Behavior` (see there for what each knob means).
+            reasoning_tokens, keepalive, fault, fault_after, fault_status, model,
+            empty_tokens, empty_last_tokens, timings: the default :class:`Behavior` (see
+            there for what each knob means).
 
     Attributes:
         records: one :class:`RequestRecord` per completion request, in completion order.
@@ -643,6 +662,9 @@ class LLMServer(Service):
         clock_skew: float = 0.0,
         otlp_batch_delay: float = 0.05,
         server_timing: bool = False,
+        empty_tokens: int = 0,
+        empty_last_tokens: int = 0,
+        timings: bool = False,
     ) -> None:
         knobs = dict(locals())
         for name in ("self", "ssl", "host", "port", "slots", *_OTEL_OPTIONS):
@@ -966,6 +988,22 @@ async def _stream_fault(ex: _Exchange, resp: web.StreamResponse) -> bool:
     return True
 
 
+def _timings_chunk(ex: _Exchange) -> dict[str, Any]:
+    """llama.cpp server's closing chunk: empty delta, finish reason, ``timings`` (ms)."""
+    chunks = ex.recorder.chunk_ns
+    prefill_start = deadline_after(ex.headers_due, ex.behavior.queue)
+    choice = {"index": 0, "delta": {}, "finish_reason": "length"}
+    final = _chunk_envelope(ex, [choice])
+    final["timings"] = {
+        "cache_n": 0,
+        "prompt_n": ex.recorder.prompt_tokens,
+        "prompt_ms": (chunks[0] - prefill_start) / 1e6,
+        "predicted_n": ex.behavior.tokens,
+        "predicted_ms": (chunks[-1] - chunks[0]) / 1e6,
+    }
+    return final
+
+
 async def _finish_stream(ex: _Exchange, resp: web.StreamResponse) -> None:
     """Send the usage chunk (if asked for) and ``[DONE]``, then end the response."""
     data = _sse("[DONE]")
@@ -973,6 +1011,8 @@ async def _finish_stream(ex: _Exchange, resp: web.StreamResponse) -> None:
         final = _chunk_envelope(ex, [])
         final["usage"] = _usage(ex, ex.behavior.tokens)
         data = _sse(final) + data
+    if ex.behavior.timings and ex.recorder.chunk_ns:
+        data = _sse(_timings_chunk(ex)) + data
     ex.recorder.publish()
     await resp.write_eof(data)
 

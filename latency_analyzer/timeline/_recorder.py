@@ -57,6 +57,7 @@ class Recorder:
         self._spans: list[Span] = []
         self._open: dict[str, tuple[int, dict[str, AttrValue]]] = {}
         self._chunks: list[_Chunk] = []
+        self._empty: tuple[int, int] | None = None  # first and last empty-text token chunk
         self.headers_ns: int | None = None
         self.status: int | None = None
         self.http_version: str | None = None
@@ -154,6 +155,11 @@ class Recorder:
         """A content-carrying chunk arrived at ``t_ns`` (role-only or empty chunks are not)."""
         self._chunks.append(_Chunk(t_ns, weight, tokens, reasoning))
 
+    def empty_chunk(self, t_ns: int) -> None:
+        """A chunk carried a token whose text is empty (not content, but the server's token)."""
+        first = t_ns if self._empty is None else self._empty[0]
+        self._empty = (first, t_ns)
+
     def usage(self, prompt_tokens: int | None, completion_tokens: int | None) -> None:
         """The server's own token counts (OpenAI ``usage``)."""
         if prompt_tokens is not None:
@@ -216,7 +222,19 @@ class Recorder:
             tcp_connect=self.tcp_connect,
             tcp_end=self.tcp_end,
             **self._read_fields(),
+            first_chunk_ns=self._empty_before(times[0] if times else None),
+            last_chunk_ns=self._empty_after(times[-1] if times else None),
         )
+
+    def _empty_before(self, first_ns: int | None) -> int | None:
+        if self._empty is None or (first_ns is not None and self._empty[0] >= first_ns):
+            return None
+        return self._empty[0]
+
+    def _empty_after(self, last_ns: int | None) -> int | None:
+        if self._empty is None or (last_ns is not None and self._empty[1] <= last_ns):
+            return None
+        return self._empty[1]
 
     def _read_fields(self) -> dict[str, Any]:
         """clock_source, read lag and read counts for the Waterfall."""

@@ -62,6 +62,9 @@ _SCALARS = (
     "input_tokens",
 )
 
+#: Written only when set (absent from files of earlier versions).
+_OPTIONAL = ("first_chunk_ns", "last_chunk_ns")
+
 
 _READ_FIELDS = ("clock_source", "read_lag_p50_ns", "read_lag_max_ns", "reads", "multi_event_reads")
 
@@ -80,8 +83,10 @@ def waterfall_to_dict(wf: Waterfall) -> dict[str, Any]:
         reading = getattr(wf, key)
         if reading is not None:
             out[key] = _fields(reading)
-    for name in _READ_FIELDS:  # written only when reads were recorded
-        if wf.reads:
+    if wf.reads:  # written only when reads were recorded
+        out.update({name: getattr(wf, name) for name in _READ_FIELDS})
+    for name in _OPTIONAL:
+        if getattr(wf, name) is not None:
             out[name] = getattr(wf, name)
     return out
 
@@ -109,6 +114,7 @@ def waterfall_from_dict(data: Mapping[str, Any]) -> Waterfall:
         tcp_end=TcpInfo(**data["tcp_end"]) if data.get("tcp_end") else None,
         **scalars,
         **{name: data[name] for name in _READ_FIELDS if name in data},
+        **{name: data[name] for name in _OPTIONAL if data.get(name) is not None},
     )
 
 

@@ -65,6 +65,12 @@ class Waterfall:
     segment, so chunks that shared one read (``multi_event_reads`` counts such reads) share
     its stamp. ``read_lag_p50_ns`` / ``read_lag_max_ns``: how long after the kernel's stamp
     our event loop read the bytes (median and worst of the response's ``reads``).
+
+    A server can stream a token whose text is empty (a byte-level tokenizer's partial UTF-8
+    piece): a token to the server, nothing to read for the user. ``first_chunk_ns`` is the
+    first such chunk when it came before the first content-carrying one, ``last_chunk_ns`` the
+    last when it came after the last; None otherwise. ``ttft`` counts visible content,
+    ``ttfc`` the first token chunk of either kind (what a server's own TTFT measures).
     """
 
     root: Span
@@ -92,6 +98,8 @@ class Waterfall:
     read_lag_max_ns: int | None = None
     reads: int = 0
     multi_event_reads: int = 0
+    first_chunk_ns: int | None = None
+    last_chunk_ns: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.attributes, MappingProxyType):
@@ -186,6 +194,27 @@ class Waterfall:
     @property
     def read_lag_max(self) -> float | None:
         return _s(self.read_lag_max_ns)
+
+    @property
+    def first_token_chunk_ns(self) -> int | None:
+        """The first chunk that carried a token, empty text included."""
+        return self.first_token_ns if self.first_chunk_ns is None else self.first_chunk_ns
+
+    @property
+    def last_token_chunk_ns(self) -> int | None:
+        """The last chunk that carried a token, empty text included."""
+        return self.last_token_ns if self.last_chunk_ns is None else self.last_chunk_ns
+
+    @property
+    def ttfc_ns(self) -> int | None:
+        """Time to first token chunk: start to the first chunk that carried a token, empty text
+        included (the server's first token as the client received it); ``<= ttft_ns``."""
+        first = self.first_token_chunk_ns
+        return None if first is None else first - self.start_ns
+
+    @property
+    def ttfc(self) -> float | None:
+        return _s(self.ttfc_ns)
 
     @property
     def ttfrt(self) -> float | None:
@@ -290,6 +319,7 @@ class Waterfall:
             "read_lag_p50_s": self.read_lag_p50,
             "read_lag_max_s": self.read_lag_max,
             "multi_event_reads": self.multi_event_reads,
+            "ttfc_s": self.ttfc,
         }
 
     def __repr__(self) -> str:

@@ -21,7 +21,7 @@ from typing import Any, BinaryIO
 from .._scenario import Scenario
 from ._worker import Worker
 
-_METHODS = frozenset({"identity", "wall_ns", "run", "batch", "stop"})
+_METHODS = frozenset({"identity", "wall_ns", "run", "batch", "stop", "interrupt"})
 
 
 async def _answer(worker: Worker, call: dict[str, Any], out: BinaryIO) -> None:
@@ -47,7 +47,7 @@ async def _serve(out: BinaryIO) -> None:
         task = asyncio.create_task(_answer(worker, json.loads(line), out))
         calls.add(task)
         task.add_done_callback(calls.discard)
-    await worker.stop()  # the driver went away: stop issuing, finish what is in flight
+    await worker.interrupt()  # the driver went away: stop, store what is in flight
     if calls:
         await asyncio.wait(calls)
 

@@ -17,8 +17,10 @@ How a run goes, wherever its workers are (local processes or Ray actors):
    header's ``meta["workers"]`` holds each worker's identity, so a slow worker shows as such.
 5. A worker that dies keeps what it streamed: its rows are in the set, its status is
    ``died`` and the share it did not deliver is reported as ``lost`` (an estimate: its share
-   of the schedule minus what arrived). A stop (:meth:`DistributedRun.request_stop`, Ctrl-C)
-   stops issuing everywhere; in-flight requests finish and are kept.
+   of the schedule minus what arrived). A stop (:meth:`DistributedRun.request_stop`) stops
+   issuing everywhere and lets in-flight requests finish; an interruption
+   (:meth:`DistributedRun.interrupt`, Ctrl-C) stops issuing and stores the requests in flight
+   as cancelled, as a run in one process does. Either way every row is kept.
 """
 
 from __future__ import annotations
@@ -140,6 +142,7 @@ class DistributedRun:
         self._t_start = 0.0
         self._runs: list[asyncio.Future[Any]] = []
         self._stops: list[asyncio.Future[None]] = []
+        self._interrupted = False
 
     # -- starting --
     async def start(self) -> None:
@@ -195,6 +198,12 @@ class DistributedRun:
         self._stop_requested = True
         self._stops = [asyncio.ensure_future(_quietly(h.call("stop"))) for h in self.handles]
 
+    def interrupt(self) -> None:
+        """Stop issuing and cancel the requests in flight on every worker (they are stored as
+        cancelled rows); ``wait()`` returns the result, marked interrupted."""
+        self._stop_requested = self._interrupted = True
+        self._stops = [asyncio.ensure_future(_quietly(h.call("interrupt"))) for h in self.handles]
+
     async def wait(self) -> DistributedResult:
         """Collect every worker's rows until all have finished or died; the merged result."""
         if self.set is None:
@@ -227,6 +236,8 @@ class DistributedRun:
             report.lost = max(0, round((report.expected or report.rows) - report.rows))
             return None
         report.status = "stopped" if self._stop_requested else "finished"
+        if out["result"] is None:  # interrupted: its rows are all in, its self-check is not
+            return None
         report.client = out["result"]["client"]
         report.start_late_s = max(0.0, out["late_at_start_ns"] / 1e9)
         return out
@@ -259,7 +270,10 @@ class DistributedRun:
         note = rtt_note(self.reports)
         if note:
             res.notes.append(note)
-        if self._stop_requested:
+        if self._interrupted:
+            n = ws.labels("error_type").count("cancelled")
+            res.notes.append(f"the run was INTERRUPTED: {n} requests in flight stored as cancelled")
+        elif self._stop_requested:
             res.notes.append(f"stopped on request after {res.wall_s:.1f} s: {len(ws)} kept")
         # the header's meta["workers"] is who they were at the start; this is how they ended
         ws.note("worker_reports", {"workers": [r.to_dict() for r in self.reports]})
@@ -299,8 +313,9 @@ async def drive(dr: DistributedRun) -> DistributedResult:
 
 
 def drive_sync(dr: DistributedRun) -> DistributedResult:
-    """:func:`drive` from synchronous code. The first Ctrl-C stops the run cleanly (in-flight
-    requests finish, everything recorded is kept and returned); a second one aborts."""
+    """:func:`drive` from synchronous code. The first Ctrl-C interrupts the run (no request
+    is issued any more, those in flight are stored as cancelled, everything recorded is kept
+    and returned, marked interrupted); a second one aborts."""
 
     async def main() -> DistributedResult:
         await dr.start()
@@ -308,10 +323,10 @@ def drive_sync(dr: DistributedRun) -> DistributedResult:
         loop = asyncio.get_running_loop()
 
         def on_sigint() -> None:
-            if dr._stop_requested:
+            if dr._interrupted:
                 task.cancel()
             else:
-                dr.request_stop()
+                dr.interrupt()
 
         with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread
             loop.add_signal_handler(signal.SIGINT, on_sigint)

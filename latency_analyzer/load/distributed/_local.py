@@ -127,6 +127,7 @@ async def run_workers(scenario: Scenario, *, workers: int, **options: Any) -> Di
 
 
 def run_workers_sync(scenario: Scenario, *, workers: int, **options: Any) -> DistributedResult:
-    """:func:`run_workers` from synchronous code (the first Ctrl-C stops cleanly)."""
+    """:func:`run_workers` from synchronous code (the first Ctrl-C interrupts cleanly: the
+    requests in flight are stored as cancelled and the result says it was interrupted)."""
     dr = DistributedRun(scenario, workers=workers, backend=ProcessBackend(), **options)
     return drive_sync(dr)

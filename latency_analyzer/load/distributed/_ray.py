@@ -145,6 +145,6 @@ async def run_ray(scenario: Scenario, *, workers: int, **options: Any) -> Distri
 
 
 def run_ray_sync(scenario: Scenario, *, workers: int, **options: Any) -> DistributedResult:
-    """:func:`run_ray` from synchronous code (the first Ctrl-C stops cleanly)."""
+    """:func:`run_ray` from synchronous code (the first Ctrl-C interrupts cleanly)."""
     _import_ray()
     return drive_sync(RayRun(scenario, workers=workers, **options))

@@ -4,7 +4,8 @@ The same object serves every place a worker can run: a local process (``_child``
 actor (``_ray``). Its methods are the worker protocol; the driver calls them in this order:
 ``identity`` (who, where, its clock), ``wall_ns`` (a few times: the clock offset), ``run`` (from
 the common start), ``batch`` (repeatedly, concurrently with ``run``: rows as JSONL), and
-``stop`` at any time.
+``stop`` (issue nothing more, let the requests in flight finish) or ``interrupt`` (the run's
+Ctrl-C: the requests in flight are stored as cancelled) at any time.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ class Worker:
         self.done = False
         self._ready: asyncio.Event | None = None
         self._stop: asyncio.Event | None = None
+        self._task: asyncio.Task[Any] | None = None
+        self.interrupted = False
 
     def node_id(self) -> str:
         """Which node of a cluster this is (a local process: the host name)."""
@@ -71,8 +74,8 @@ class Worker:
         t0 = process_anchor().to_perf_ns(start_epoch_ns)
         late_ns = time.perf_counter_ns() - t0
         opts = self.options
-        try:
-            result = await run(
+        self._task = asyncio.ensure_future(
+            run(
                 self.sc,
                 path=opts.get("path"),
                 worker=self.index,
@@ -82,6 +85,14 @@ class Worker:
                 on_row=self._on_row,
                 stop=self._stop,
             )
+        )
+        try:
+            result = await self._task
+        except asyncio.CancelledError:
+            if not self.interrupted:
+                raise
+            # the runner stored the requests in flight as cancelled rows and re-raised
+            return {"result": None, "t0_perf_ns": t0, "late_at_start_ns": late_ns}
         finally:
             self.done = True
             self._ready.set()
@@ -110,3 +121,9 @@ class Worker:
         """Issue nothing more; in-flight requests finish and are stored."""
         if self._stop is not None:
             self._stop.set()
+
+    async def interrupt(self) -> None:
+        """Issue nothing more and cancel the requests in flight (stored as cancelled)."""
+        self.interrupted = True
+        if self._task is not None and not self._task.done():
+            self._task.cancel()

@@ -1,0 +1,165 @@
+"""Delay and loss below TCP (a TUN line between two namespaces): what TCP_INFO and the stages see.
+
+The line holds every packet for a set time in each direction, so the kernels on both sides see a
+long path: TCP's own RTT estimate, the connect handshake and the TLS round trips must all show
+it. Truth is the injected figure and the line's own account of the hold each packet had (it
+runs under SCHED_FIFO where allowed, so the host's load does not move it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import assert_exact
+
+import latency_analyzer as la
+from latency_analyzer.diagnose import diagnose, diagnose_set
+from latency_analyzer.testing._timing import NETNS_ENV, check_loopback
+from latency_analyzer.testing.netline import run_behind_line
+
+ONE_WAY = 0.010
+RTT = 2 * ONE_WAY
+
+_SERVER = """
+import sys
+from latency_analyzer.testing import LLMServer
+from latency_analyzer.testing.netline import SERVER_ADDRESS
+from latency_analyzer.testing.tls import server_context_from_pem
+ssl = server_context_from_pem(sys.argv[1], alpn=("http/1.1",))
+with LLMServer(ssl=ssl, host=SERVER_ADDRESS, tokens=4, decode=0.001).run_in_thread() as s:
+    print(s.port, flush=True)
+    sys.stdin.read()
+"""
+
+_CLIENT = """
+import asyncio, json, ssl, sys
+import latency_analyzer as la
+from latency_analyzer.diagnose import diagnose, diagnose_set
+server, n, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+
+def context(tls12):
+    ctx = ssl.create_default_context()
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE  # a throwaway test CA
+    if tls12:
+        ctx.maximum_version = ssl.TLSVersion.TLSv1_2
+    return ctx
+
+async def main():
+    body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "x" * size}]}
+    out = []
+    for tls12 in (False, True):
+        for _ in range(n):  # a new client each time: a new connection, a full handshake
+            async with la.Client(ssl=context(tls12), http2=False) as client:
+                out.append(await client.request(f"https://{server}/v1/chat/completions", json=body))
+    print(json.dumps([wf.to_dict() for wf in out]))
+
+asyncio.run(main())
+"""
+
+
+def _need_line() -> None:
+    why = None
+    if not sys.platform.startswith("linux"):
+        why = "TUN devices and network namespaces are Linux's"
+    elif os.geteuid() != 0:
+        why = "creating network namespaces and TUN devices needs root"
+    elif not os.path.exists("/dev/net/tun"):
+        why = "no /dev/net/tun"
+    elif shutil.which("ip") is None:
+        why = "ip (iproute2) is not installed"
+    if why is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"in CI: {why}")
+        pytest.skip(why)
+
+
+def _across_line(
+    tmp_path: Path, pem: Path, *, loss: float, requests: int, body: int
+) -> tuple[list[la.Waterfall], dict[str, object]]:
+    stats = tmp_path / "line.json"
+    done = run_behind_line(
+        [sys.executable, "-c", _SERVER, str(pem)],
+        [sys.executable, "-c", _CLIENT, "{server}", str(requests), str(body)],
+        delay=ONE_WAY,
+        loss=loss,
+        seed=14,
+        timeout=60,
+        stats_path=str(stats),
+    )
+    assert done.returncode == 0, done.stderr
+    wfs = [la.Waterfall.from_dict(d) for d in json.loads(done.stdout)]
+    for wf in wfs:
+        assert wf.ok, wf.error
+        assert_exact(wf)
+        assert wf.tcp_connect is not None and wf.tcp_end is not None
+    return wfs, json.loads(stats.read_text())
+
+
+def test_an_injected_round_trip_shows_in_tcp_info_connect_and_tls(
+    tmp_path: Path, server_pem: Path
+) -> None:
+    _need_line()
+    wfs, line = _across_line(tmp_path, server_pem, loss=0.0, requests=3, body=100)
+    holds = line["hold_median_ns"]
+    assert isinstance(holds, dict)
+    held = (holds["c2s"] + holds["s2c"]) / 1e9  # the round trip the packets really had
+    assert abs(held - RTT) <= 0.05 * RTT, line  # (SCHED_FIFO keeps it tight: line["realtime"])
+    tcp = [wf.tcp_end for wf in wfs if wf.tcp_end is not None]
+    # the kernel's own RTT estimate is the injected one
+    assert abs(statistics.median(t.rtt_us for t in tcp) / 1e6 - RTT) <= 0.10 * RTT
+    assert all(abs((t.min_rtt_us or 0) / 1e6 - RTT) <= 0.10 * RTT for t in tcp)
+    # The TCP handshake is one round trip, TLS 1.3 one more, TLS 1.2 two. Each stage also holds
+    # both ends' work (crypto, event loops) on top of its round trips; the quickest of a few
+    # requests shows the round trips with the least of it.
+    rtt = statistics.median((t.min_rtt_us or 0) / 1e6 for t in tcp)
+    assert _round_trips(wfs, "connect", rtt) == 1
+    assert _round_trips([wf for wf in wfs if _tls(wf) == "TLSv1.3"], "tls", rtt) == 1
+    assert _round_trips([wf for wf in wfs if _tls(wf) == "TLSv1.2"], "tls", rtt) == 2
+    # and the diagnosis names the path, not the server
+    path = next(f for f in diagnose(wfs[0]) if f.rule == "path_rtt")
+    assert path.data["rtt_s"] == pytest.approx(RTT, rel=0.10)
+    assert diagnose(wfs[0], rules=["tcp_loss"]) == []  # no loss injected
+
+
+def _tls(wf: la.Waterfall) -> str | None:
+    return None if wf.tls is None else wf.tls.version
+
+
+def _round_trips(wfs: list[la.Waterfall], stage: str, rtt_s: float) -> int:
+    """Whole round trips in the quickest of ``wfs``'s ``stage``."""
+    assert wfs
+    return int(min(wf.stages[stage].duration for wf in wfs) / rtt_s)
+
+
+def test_injected_loss_shows_as_retransmits_and_in_the_diagnosis(
+    tmp_path: Path, server_pem: Path
+) -> None:
+    _need_line()
+    # 200 KB uploads: ~140 data segments each way per request, ~3 of them dropped at 2 %
+    wfs, line = _across_line(tmp_path, server_pem, loss=0.02, requests=1, body=200_000)
+    dropped = line["dropped"]
+    assert isinstance(dropped, dict) and dropped["c2s"] > 0
+    retrans = sum(wf.tcp_end.total_retrans for wf in wfs if wf.tcp_end is not None)
+    assert retrans > 0  # our kernel resent what the line dropped on the way out
+    findings = diagnose_set(wfs, rules=["tcp_loss"])
+    assert [f.rule for f in findings] == ["tcp_loss"]
+    assert findings[0].data["retransmits"] == retrans
+    assert f"{retrans} segments retransmitted" in findings[0].evidence
+
+
+def test_only_the_lines_own_namespace_lets_a_server_bind_beyond_loopback(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(NETNS_ENV, "net:[1]")  # a namespace this process is not in
+    with pytest.raises(ValueError, match="loopback addresses only"):
+        check_loopback("10.200.0.2")
+    monkeypatch.delenv(NETNS_ENV)
+    with pytest.raises(ValueError, match="loopback addresses only"):
+        check_loopback("10.200.0.2")
+    assert check_loopback("127.0.0.1") == "127.0.0.1"
