@@ -46,7 +46,8 @@ def fuzz(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Benchmarks (overhead, HTTP/2 vs 1.1, load generation, Locust); JSON in bench-results/."""
+    """Benchmarks (overhead, HTTP/2 vs HTTP/1.1, load generation, kernel stamps, Locust); JSON
+    in bench-results/."""
     session.install(".")
     session.run(
         "python",
@@ -59,6 +60,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/bench_load.py", "--out", "bench-results/load.json")
     session.run("python", "benchmarks/bench_streams.py", "--out", "bench-results/streams.json")
     session.run("python", "benchmarks/bench_profile.py", "--out", "bench-results/profile.json")
+    session.run("python", "benchmarks/bench_stamps.py", "--out", "bench-results/stamps.json")
     session.install(".[locust]")
     session.run("python", "benchmarks/bench_locust.py", "--out", "bench-results/locust.json")
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
+from ._redact import redact_text
 from .capture.client import probe
 from .cli_diagnose import add_diagnose_parser, probe_many
 from .cli_export import add_export_parser
@@ -88,6 +89,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--cacert", metavar="PATH", help="trust this CA bundle (PEM)")
     p.add_argument(
+        "-L",
+        "--location",
+        action="store_true",
+        help="follow redirects, each hop a request of its own (default: report the 3xx)",
+    )
+    p.add_argument(
         "--timeout",
         type=float,
         default=60.0,
@@ -141,6 +148,7 @@ def _probe(args: argparse.Namespace) -> int:
         insecure=args.insecure,
         timeout=args.timeout,
         http2=args.http2,
+        follow_redirects=args.location,
     )
     _print(wf, args.json, sys.stdout.isatty() and not args.no_color)
     return 0 if wf.ok else 1
@@ -165,7 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("latency-analyzer: interrupted", file=sys.stderr)
         return 130
     except (UsageError, RequestError, OSError) as exc:
-        print(f"latency-analyzer: {exc}", file=sys.stderr)
+        print(f"latency-analyzer: {redact_text(str(exc))}", file=sys.stderr)
         return 2
 
 

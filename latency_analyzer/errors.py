@@ -16,6 +16,8 @@ raises for callers who prefer exceptions.
 
 from __future__ import annotations
 
+from ._redact import redact_text
+
 __all__ = ["LatencyAnalyzerError", "RequestError", "UsageError"]
 
 
@@ -32,9 +34,11 @@ class RequestError(LatencyAnalyzerError):
 
     Attributes:
         kind: short machine-readable reason, e.g. ``"dns"``, ``"tls"``, ``"timeout"``.
+        message: what happened, with credentials removed (``latency_analyzer._redact``).
     """
 
     def __init__(self, kind: str, message: str) -> None:
+        message = redact_text(message)
         super().__init__(f"{kind}: {message}")
         self.kind = kind
         self.message = message

@@ -29,7 +29,7 @@ import latency_analyzer as la
 from latency_analyzer.capture import _dnswire
 from latency_analyzer.capture.resolver import DnsResolver
 from latency_analyzer.testing import DNSServer, LLMServer
-from latency_analyzer.testing.pcap import Packet, TcpDump
+from latency_analyzer.testing.tcpdump import Packet, TcpDump
 from latency_analyzer.timeline import process_anchor
 
 DNS_DELAY = 0.020

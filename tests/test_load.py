@@ -107,6 +107,13 @@ async def test_closed_loop_at_concurrency_1_has_no_queueing(
     assert "schedule_lag" not in result.set.stages  # a closed loop has no intended starts
     wait = result.set.values("wait")
     assert abs(float(np.median(wait)) - 0.010) < 0.002  # the service time, nothing queued
+    # the self-check reports the read lag the waterfalls measured (kernel stamp -> our read)
+    lag = result.client.read_lag
+    assert lag is not None and result.client.to_dict()["read_lag"] == lag
+    medians = result.set.values("read_lag")  # each request's median read lag
+    assert len(medians) == 20
+    assert lag["p50_s"] == pytest.approx(float(np.median(medians)))
+    assert 0 <= lag["p50_s"] <= lag["p99_s"] <= lag["max_s"]
 
 
 # --- open loop --------------------------------------------------------------------------------

@@ -3,22 +3,29 @@
 Ground truth here is causality on one host clock: the peer's ``perf_counter_ns`` before it
 sent (CLOCK_MONOTONIC), the kernel's stamp (CLOCK_REALTIME through the process anchor), and
 ours after the read must come in that order. The precision against a packet capture is
-tests/test_wire_capture.py's subject.
+tests/test_wire_capture.py's subject; the capture reader is checked here on a file written
+by the test.
 """
 
 from __future__ import annotations
 
 import socket
+import struct
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from conftest import assert_exact
 
 import latency_analyzer as la
+from latency_analyzer.analysis import WaterfallSet
 from latency_analyzer.capture import _wire
+from latency_analyzer.capture._state import RequestState
 from latency_analyzer.errors import UsageError
+from latency_analyzer.report.text import render_waterfall
 from latency_analyzer.testing import LLMServer
+from latency_analyzer.testing.pcap import PacketCapture, read_pcap
 from latency_analyzer.timeline import Recorder
 
 
@@ -104,6 +111,15 @@ async def test_waterfalls_name_their_clock_and_read_lag(monkeypatch: pytest.Monk
         assert kernel.read_lag_p50_ns is not None and kernel.read_lag_max_ns is not None
         assert 0 <= kernel.read_lag_p50_ns <= kernel.read_lag_max_ns
     assert user.clock_source == "userspace" and user.read_lag_p50_ns is None
+    # a set reports the read lag and ttft_wire percentiles beside ttft
+    ws = WaterfallSet()
+    ws.add(kernel)
+    names = {row.name for row in ws.summary().rows}
+    assert {"ttft", "ttft_wire", "read_lag", "read_lag_max"} <= names
+    assert kernel.ttft_wire_ns == kernel.chunk_times_ns[0] - kernel.stages["send"].start_ns
+    assert 0 < kernel.ttft_wire_ns < (kernel.ttft_ns or 0)
+    assert f"clock {kernel.clock_source} · read lag median" in render_waterfall(kernel)
+    assert "clock userspace" in render_waterfall(user)
     assert user.attributes["clock_note"] == "kernel stamps are off in this test"
     assert user.summary()["clock_source"] == "userspace"
 
@@ -113,3 +129,77 @@ def test_recorder_begin_knows_the_stage_vocabulary() -> None:
     rec.begin("connect", 1)
     with pytest.raises(UsageError, match="'conect' is not a client stage"):
         rec.begin("conect", 2)
+
+
+def _frame(src_port: int, dst_port: int, seq: int, flags: int, payload: bytes) -> bytes:
+    tcp = struct.pack(">HHIIBBHHH", src_port, dst_port, seq, 0, 5 << 4, flags, 65535, 0, 0)
+    total = 20 + len(tcp) + len(payload)
+    ip = struct.pack(
+        ">BBHHHBBH4s4s",
+        0x45,
+        0,
+        total,
+        0,
+        0,
+        64,
+        6,
+        0,
+        bytes([127, 0, 0, 1]),
+        bytes([127, 0, 0, 1]),
+    )
+    return b"\0" * 12 + b"\x08\x00" + ip + tcp + payload
+
+
+def test_the_pcap_reader_reassembles_a_flow_and_times_each_byte(tmp_path: Path) -> None:
+    """A nanosecond pcap written here: SYN, SYN-ACK, two server segments (one resent)."""
+    frames = [
+        (1_000, _frame(5000, 80, 100, 0x02, b"")),
+        (2_000, _frame(80, 5000, 900, 0x12, b"")),
+        (3_000, _frame(80, 5000, 901, 0x18, b"HTTP/1.1 200")),
+        (4_000, _frame(80, 5000, 913, 0x18, b" OK\r\n")),
+        (5_000, _frame(80, 5000, 913, 0x18, b" OK\r\n")),  # a retransmission: not a new byte
+    ]
+    out = bytearray(struct.pack("<IHHiIII", 0xA1B23C4D, 2, 4, 0, 0, 65535, 1))
+    for t, frame in frames:
+        out += struct.pack("<IIII", 1, t, len(frame), len(frame)) + frame
+    path = tmp_path / "x.pcap"
+    path.write_bytes(bytes(out))
+    packets = read_pcap(path)
+    assert [p.time_ns for p in packets] == [1_000_001_000 + i * 1_000 for i in range(5)]
+    capture = PacketCapture(80)
+    capture.packets = packets
+    (flow,) = capture.flows()
+    assert flow.client == ("127.0.0.1", 5000) and flow.syn_ns == 1_000_001_000
+    assert flow.syn_ack_ns == 1_000_002_000
+    assert flow.data("in") == b"HTTP/1.1 200 OK\r\n"
+    assert flow.time_of_byte("in", 11) == 1_000_003_000
+    assert flow.time_of_byte("in", 12) == 1_000_004_000  # the first copy, not the resend
+    with pytest.raises(ValueError, match="not captured"):
+        flow.time_of_byte("in", 17)
+
+
+def test_a_stage_context_owns_its_stage_and_emits_started_complete_failed() -> None:
+    """httpcore's _trace idea: the exact ordered events, for a block that ends and one that
+    raises; the failed stage is kept, interrupted."""
+    events: list[tuple[str, dict[str, object]]] = []
+    state = RequestState(
+        Recorder("GET", "http://x/", start_ns=0), lambda e, info: events.append((e, dict(info)))
+    )
+    with state.stage("connect", 10, peer="p") as end:
+        end.update(end_ns=25, reused=False)
+    with pytest.raises(ConnectionResetError), state.stage("tls", 30):
+        raise ConnectionResetError("reset by https://user:secret@x/")
+    assert [e for e, _ in events] == [
+        "capture.connect.started",
+        "capture.connect.complete",
+        "capture.tls.started",
+        "capture.tls.failed",
+    ]
+    assert events[1][1] == {"t_ns": 25, "reused": False}
+    assert events[3][1]["error"] == "ConnectionResetError"  # the type, never the text
+    wf = state.recorder.finish(100)
+    assert wf.stages["connect"].start_ns == 10 and wf.stages["connect"].end_ns == 25
+    assert wf.stages["connect"].attributes == {"peer": "p", "reused": False}
+    assert wf.stages["tls"].attributes["interrupted"] is True
+    with pytest.raises(UsageError), state.stage("handshake"):
+        pass

@@ -26,6 +26,9 @@ NUMERIC: dict[str, type[np.generic]] = {
     "epoch_ns": np.int64,  # the same instant as Unix epoch ns (comparable across processes)
     "e2e_ns": np.int64,
     "ttft_ns": np.float64,
+    "ttft_wire_ns": np.float64,  # first request byte to the kernel → first token's arrival
+    "read_lag_ns": np.float64,  # the waterfall's median read lag (kernel stamp → our read)
+    "read_lag_max_ns": np.float64,  # its worst read lag
     "tpot_ns": np.float64,
     "output_tokens": np.int32,
     "input_tokens": np.int32,
@@ -43,7 +46,15 @@ NUMERIC: dict[str, type[np.generic]] = {
 CATEGORICAL = ("error_type", "http_version", "scenario", "template")
 
 #: Metric names a set knows, with their column: time metrics are in ns.
-TIME_METRICS = {"e2e": "e2e_ns", "ttft": "ttft_ns", "tpot": "tpot_ns", "ttfc": "ttfc_ns"}
+TIME_METRICS = {
+    "e2e": "e2e_ns",
+    "ttft": "ttft_ns",
+    "ttfc": "ttfc_ns",
+    "ttft_wire": "ttft_wire_ns",
+    "tpot": "tpot_ns",
+    "read_lag": "read_lag_ns",
+    "read_lag_max": "read_lag_max_ns",
+}
 COUNT_METRICS = {"output_tokens": "output_tokens", "input_tokens": "input_tokens"}
 
 _KNOWN_STAGES = tuple(dict.fromkeys((*CLIENT_STAGES, *SERVER_STAGES, *RESIDUALS)))
@@ -81,6 +92,9 @@ def row_of(wf: Waterfall, tags: Tags) -> tuple[dict[str, Any], dict[str, int]]:
         "epoch_ns": wf.start_ns if epoch is None else epoch,
         "e2e_ns": wf.e2e_ns,
         "ttft_ns": _opt(wf.ttft_ns, math.nan),
+        "ttft_wire_ns": _opt(wf.ttft_wire_ns, math.nan),
+        "read_lag_ns": _opt(wf.read_lag_p50_ns, math.nan),
+        "read_lag_max_ns": _opt(wf.read_lag_max_ns, math.nan),
         "tpot_ns": math.nan if tpot is None else tpot * 1e9,
         "output_tokens": _opt(wf.output_tokens, -1),
         "input_tokens": _opt(wf.input_tokens, -1),

@@ -26,6 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .._jsonl import JsonlWriter
+from .._redact import redact_obj
 from ..errors import UsageError
 from ..timeline import Waterfall
 from ..timeline._display import present
@@ -66,7 +67,8 @@ class WaterfallSet:
         flush_every: int = 256,
         fsync: bool = False,
     ) -> None:
-        self.meta: dict[str, Any] = dict(meta or {})
+        # the header holds the scenario's URL: its userinfo and keys never reach the file
+        self.meta: dict[str, Any] = redact_obj(dict(meta or {}))
         self.runs: list[dict[str, Any]] = [self.meta] if meta else []
         self.path = None if path is None else Path(path)
         self.damaged_lines = 0
@@ -90,9 +92,10 @@ class WaterfallSet:
 
     def note(self, kind: str, data: Mapping[str, Any]) -> None:
         """Record run-level data (e.g. the end-of-run summary) in ``meta`` and the file."""
-        self.meta[kind] = dict(data)
+        clean: dict[str, Any] = redact_obj(dict(data))
+        self.meta[kind] = clean
         if self._out is not None:
-            self._out.write_now({"kind": "note", "name": kind, "data": dict(data)})
+            self._out.write_now({"kind": "note", "name": kind, "data": clean})
 
     def flush(self) -> None:
         """Write buffered rows to the file now."""

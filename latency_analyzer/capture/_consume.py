@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from .._redact import redact_text, redact_url
 from ._state import RequestState
 from .openai import (
     ChunkReceived,
@@ -45,7 +46,11 @@ def note_server_headers(state: RequestState, headers: Iterable[tuple[str, str]])
     attributes = state.recorder.attributes
     for name, value in headers:
         key = name.lower()
-        if key in SERVER_HEADERS:
+        if key == "location":
+            state.location = value
+            attributes["http.location"] = redact_url(value)
+        elif key in SERVER_HEADERS:
+            value = redact_text(value)  # a server may echo the request in its timing headers
             previous = attributes.get(f"http.{key}")
             attributes[f"http.{key}"] = f"{previous}, {value}" if previous else value
 
@@ -69,8 +74,14 @@ class _Tokens:
         return step
 
 
-def _tokens_in(events: list[Event]) -> int:
-    return sum(1 for ev in events if type(ev) is ChunkReceived and ev.carries_token)
+def _is_token(ev: Event) -> bool:
+    return type(ev) is ChunkReceived and ev.carries_token
+
+
+def _token_before_more(events: list[Event]) -> bool:
+    """A token completed before other events of the same read: its stamp, the read's, is
+    when the later bytes came (how much later is not known)."""
+    return any(_is_token(ev) for ev in events[:-1])
 
 
 class ResponseConsumer:
@@ -113,9 +124,14 @@ class ResponseConsumer:
         """Body bytes that arrived at ``time_ns`` (one read's bytes, or part of one)."""
         if self._parser is not None:
             events = self._parser.feed(data, time_ns)
-            if len(events) > 1 and _tokens_in(events) > 1:  # one read, several tokens
-                self._state.recorder.multi_event_read()
-            self._apply(events)
+            if len(events) > 1 and _token_before_more(events):
+                rec = self._state.recorder
+                before = rec.chunk_count
+                self._apply(events)
+                after = rec.chunk_count - (1 if _is_token(events[-1]) else 0)
+                rec.multi_event_read(range(before, after))
+            else:
+                self._apply(events)
         elif len(self._body) < self._cap:
             self._body += data[: self._cap - len(self._body)]
 
@@ -153,7 +169,8 @@ class ResponseConsumer:
                 message = f"server error in stream: {ev.message}"
                 state.fail("stream_error", message, ev.time_ns, terminal=False)
             elif isinstance(ev, MalformedChunk):
-                message = f"malformed chunk ({ev.reason}): {ev.raw[:80]!r}"
+                # masked before it is cut, so no part of a key survives the cut
+                message = f"malformed chunk ({ev.reason}): {redact_text(ev.raw[:1024])[:80]!r}"
                 state.fail("malformed_chunk", message, ev.time_ns, terminal=False)
             elif isinstance(ev, StreamTruncated):
                 message = f"stream ended without [DONE] ({ev.reason})"

@@ -22,6 +22,22 @@ def _open_stage(recorder: Recorder) -> str:
     return "the response body"
 
 
+def _handshake_failure(exc: aiohttp.ClientConnectorError) -> str:
+    """What broke a TLS handshake, in words (aiohttp's text reads "ssl:default [None]" when
+    the server just closed: an old server that will not speak any version we offer does so)."""
+    cause = exc.os_error
+    where = f"TLS handshake with {exc.host}:{exc.port} failed"
+    if isinstance(cause, ssl.SSLError):
+        return f"{where}: {cause.reason or type(cause).__name__}: {cause}"
+    said = cause.strerror or str(cause) or "the connection was closed"
+    if said == "None":
+        said = "the connection was closed"
+    return (
+        f"{where}: {type(cause).__name__}: {said} (the server may offer only TLS versions or "
+        "ciphers this client refuses, e.g. TLS 1.0)"
+    )
+
+
 def classify(exc: BaseException, recorder: Recorder, timeout: float | None) -> tuple[str, str]:
     """Name the failure (``Waterfall.error_type``) and describe it for a person."""
     if isinstance(exc, HTTP2Refused):
@@ -30,7 +46,11 @@ def classify(exc: BaseException, recorder: Recorder, timeout: float | None) -> t
         return "h2_setup", str(exc)
     if isinstance(exc, aiohttp.ClientConnectorDNSError):
         return "dns", str(exc.os_error)
-    if isinstance(exc, (aiohttp.ClientConnectorCertificateError, aiohttp.ClientSSLError)):
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError):
+        return "tls", str(exc)
+    if isinstance(exc, aiohttp.ClientConnectorError) and recorder.is_open("tls"):
+        return "tls", _handshake_failure(exc)
+    if isinstance(exc, aiohttp.ClientSSLError):
         return "tls", str(exc)
     if isinstance(exc, ssl.SSLError):
         return "tls", f"{type(exc).__name__}: {exc}"

@@ -7,11 +7,13 @@ test when nobody listens.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
 from typing import Any
 
+from .._redact import redact_text
 from ..timeline import AttrValue, Recorder
 
 __all__ = ["CURRENT", "RequestState", "TraceHook", "now_ns"]
@@ -35,6 +37,7 @@ class RequestState:
         "body_end_ns",
         "h2_mode",
         "h2_open",
+        "location",
         "protocol",
         "recorder",
         "trace",
@@ -54,6 +57,9 @@ class RequestState:
         # called with the HandoffToHTTP2 before it is raised: opens the connection and sends
         # this request on it at once, instead of after the raise unwound aiohttp's stack
         self.h2_open: Callable[[Any], None] | None = None
+        # the response's Location header as sent (it may carry a signed query): followed by
+        # the client when asked, never recorded unredacted
+        self.location: str | None = None
 
     def begin(self, stage: str, t_ns: int, **attrs: AttrValue) -> None:
         self.recorder.begin(stage, t_ns, **attrs)
@@ -65,9 +71,36 @@ class RequestState:
         if self.trace is not None:
             self.trace(f"capture.{stage}.complete", {"t_ns": t_ns, **attrs})
 
+    @contextlib.contextmanager
+    def stage(
+        self, name: str, start_ns: int | None = None, **attrs: AttrValue
+    ) -> Iterator[dict[str, AttrValue]]:
+        """Own stage ``name`` for a ``with`` block: ``.started`` on entry, ``.complete`` on exit.
+
+        The block may fill the yielded dict with attributes for the end, and ``end_ns`` in
+        it ends the stage at that instant (a kernel stamp read inside the block) instead of
+        at the exit. An exception ends the stage there, ``interrupted``, emits ``.failed``
+        with the exception's type (never its text, which may carry a URL) and propagates.
+        """
+        self.begin(name, now_ns() if start_ns is None else start_ns, **attrs)
+        end: dict[str, AttrValue] = {}
+        try:
+            yield end
+        except BaseException as exc:
+            if self.recorder.is_open(name):
+                t = now_ns()
+                self.recorder.end(name, t, interrupted=True)
+                if self.trace is not None:
+                    self.trace(f"capture.{name}.failed", {"t_ns": t, "error": type(exc).__name__})
+            raise
+        if self.recorder.is_open(name):
+            t_end = end.pop("end_ns", None)
+            self.end(name, t_end if isinstance(t_end, int) else now_ns(), **end)
+
     def fail(self, kind: str, message: str, t_ns: int, *, terminal: bool = True) -> None:
         stages = ("pool_wait", "dns", "connect", "tls", "send")
         open_stages = [s for s in stages if self.recorder.is_open(s)]
+        message = redact_text(message)  # aiohttp quotes the URL; servers echo what they got
         self.recorder.fail(kind, message, t_ns, terminal=terminal)
         if self.trace is not None:
             for stage in open_stages:

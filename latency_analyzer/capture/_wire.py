@@ -14,6 +14,13 @@ last stamp inside ``data_received``: asyncio calls that in the same callback as 
 TLS decrypts synchronously there too, so the last ciphertext read is what completed the
 plaintext handed over.
 
+Precision: a stamp is the arrival of the newest segment in the read. While our loop keeps
+up that is the segment itself (within a few µs of a packet capture). When it falls behind,
+segments queue, the kernel merges them into one buffer (receive coalescing) and keeps the
+newest stamp, so bytes read late carry the arrival of the last segment that joined them, at
+most the read lag late. Reads that completed several content events are counted on the
+waterfall (``multi_event_reads``).
+
 The kernel stamps ``CLOCK_REALTIME``; the process's clock anchor maps it onto
 ``perf_counter_ns`` (``CLOCK_MONOTONIC``). Where the option is refused or the platform is not
 Linux, reads fall back to the userspace instant and :attr:`WireStamps.kernel` says False, with
@@ -42,6 +49,7 @@ _now = time.perf_counter_ns
 _SO_TIMESTAMPNS = 35
 _GENERIC_ABI = {"x86_64", "amd64", "aarch64", "arm64", "riscv64", "i686", "i386", "armv7l"}
 _ANC_SIZE = socket.CMSG_SPACE(16)
+_TCP_INFO = getattr(socket, "TCP_INFO", 11)  # struct tcp_info: tcpi_rtt is the u32 at 68
 _TIMESPEC = {16: struct.Struct("@qq"), 8: struct.Struct("@ii")}
 
 
@@ -128,15 +136,22 @@ class WireStamps:
 
     def _read(self, ancdata: list[tuple[int, int, bytes]], user_ns: int) -> None:
         self.read_user_ns = user_ns
-        for level, kind, data in ancdata:
-            if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS:
-                unpack = _TIMESPEC.get(len(data))
-                if unpack is not None:
-                    sec, nsec = unpack.unpack(data)
-                    self.read_kernel_ns = _epoch_to_perf(sec * 1_000_000_000 + nsec)
-                    self.read_stamped = True
-                    return
-        self.read_kernel_ns, self.read_stamped = user_ns, False
+        epoch = _stamp(ancdata)
+        if epoch is None:
+            self.read_kernel_ns, self.read_stamped = user_ns, False
+        else:
+            self.read_kernel_ns, self.read_stamped = _epoch_to_perf(epoch), True
+
+
+def _stamp(ancdata: list[tuple[int, int, bytes]]) -> int | None:
+    """The SCM_TIMESTAMPNS of a recvmsg, epoch ns (None: the kernel gave none)."""
+    for level, kind, data in ancdata:
+        if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS:
+            unpack = _TIMESPEC.get(len(data))
+            if unpack is not None:
+                sec, nsec = unpack.unpack(data)
+                return int(sec) * 1_000_000_000 + int(nsec)
+    return None
 
 
 def _epoch_to_perf(epoch_ns: int) -> int:
@@ -165,8 +180,14 @@ class StampedSocket(socket.socket):
 
     __slots__ = ("wire",)
 
-    def __init__(self, family: int = -1, type: int = -1, proto: int = -1) -> None:
-        super().__init__(family, type, proto)
+    def __init__(
+        self,
+        family: int = -1,
+        type: int = -1,  # socket.socket's own parameter names: dup() passes them
+        proto: int = -1,
+        fileno: int | None = None,
+    ) -> None:
+        super().__init__(family, type, proto, fileno)
         self.wire = WireStamps()
         if _UNSUPPORTED is not None:
             self.wire.refused = _UNSUPPORTED
@@ -180,6 +201,23 @@ class StampedSocket(socket.socket):
             except OSError as exc:
                 self.wire.refused = f"SO_TIMESTAMPNS refused: {exc}"
         _by_fd[self.fileno()] = self
+
+    def handshake_rtt_ns(self) -> int | None:
+        """The kernel's SYN → SYN-ACK time, right after a connect (``tcpi_rtt``, in µs).
+
+        The kernel's first RTT sample is the handshake itself, so ``connect``'s start plus
+        this is when the SYN-ACK came, however late our ``connect`` call returned.
+        """
+        if not sys.platform.startswith("linux"):
+            return None
+        try:
+            info = self.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, 104)
+        except OSError:
+            return None
+        if len(info) < 72:
+            return None
+        rtt_us = int.from_bytes(info[68:72], sys.byteorder)
+        return rtt_us * 1000 if rtt_us else None
 
     # -- reads: asyncio's transports call these --
     def recv(self, bufsize: int, flags: int = 0) -> bytes:

@@ -8,21 +8,24 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import functools
 import io
 import json as _json
 import ssl as _ssl
 from collections.abc import Callable, Mapping
 from typing import Any
-from urllib.parse import SplitResult, unquote_plus, urlsplit, urlunsplit
+from urllib.parse import SplitResult, urlsplit
 
 import aiohttp
 
+from .._redact import redact_url, remember_request
 from .._version import __version__
 from ..errors import UsageError
 from ..timeline import ConnectionInfo, Recorder, Waterfall
 from ._consume import ResponseConsumer, note_server_headers
 from ._errors import classify
+from ._redirect import Hop, next_hop, with_chain
 from ._state import CURRENT, RequestState, TraceHook, now_ns
 from ._tcpinfo import tcp_info_of
 from .connector import TimedConnector, TimedProtocol
@@ -32,24 +35,7 @@ from .resolver import DnsResolver
 
 __all__ = ["Client", "aprobe", "probe", "redact_url"]
 
-_SECRET_QUERY_KEYS = {"key", "api_key", "api-key", "apikey", "token", "access_token", "sig"}
 _STREAM_BODY_OVER = 512 * 1024
-
-
-def redact_url(url: str) -> str:
-    """The URL without user info and with secret-looking query values replaced by ``***``.
-
-    Other query parameters are kept exactly as written (no re-encoding).
-    """
-    parts = urlsplit(url)
-    netloc = parts.netloc.rsplit("@", 1)[-1]
-    query = "&".join(_redact_param(p) for p in parts.query.split("&")) if parts.query else ""
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
-
-
-def _redact_param(param: str) -> str:
-    key, sep, _ = param.partition("=")
-    return f"{key}=***" if sep and unquote_plus(key).lower() in _SECRET_QUERY_KEYS else param
 
 
 def _tls_context(
@@ -101,6 +87,15 @@ class Client:
         h2_settle_timeout: seconds a new HTTP/2 connection may take to send its SETTINGS.
             Past it the connection is closed and leaves the pool, and its requests fail with
             ``error_type="h2_setup"``.
+        follow_redirects: False (default): a 3xx response is the result (its ``Location``,
+            redacted, in ``attributes["http.location"]``). True: follow up to
+            ``max_redirects`` hops, each a request of its own; the last hop's waterfall is
+            returned with the chain before it in ``attributes["redirect.<i>.*"]``. Secret
+            headers are not sent to another origin.
+        max_redirects: most hops followed; one more is an error of type ``redirect``.
+
+    A Client belongs to the event loop it is first used on, and cannot be used again once
+    closed: both misuses raise ``UsageError``.
     """
 
     def __init__(
@@ -118,8 +113,12 @@ class Client:
         dns_timeout: float = 5.0,
         http2: bool | None = None,
         h2_settle_timeout: float = 10.0,
+        follow_redirects: bool = False,
+        max_redirects: int = 10,
     ) -> None:
         self.base_url = base_url
+        self.follow_redirects = follow_redirects
+        self.max_redirects = max_redirects
         self.timeout = timeout
         self.dns_timeout = min(dns_timeout, timeout)
         self._resolver_spec = resolver
@@ -132,16 +131,32 @@ class Client:
         self._headers = dict(headers or {})
         self._trace = trace
         self._session: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
 
     async def __aenter__(self) -> Client:
         self._open()
         return self
 
+    def _check_usable(self) -> None:
+        """A closed Client would silently open a new pool (and leak it); one used from a second
+        event loop would fail every request with "Event loop is closed"."""
+        if self._closed:
+            raise UsageError("this Client is closed; create a new one")
+        loop = asyncio.get_running_loop()
+        if self._loop is None:
+            self._loop = loop
+        elif self._loop is not loop:
+            raise UsageError(
+                "this Client was opened on another event loop; create one Client per loop"
+            )
+
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
     async def close(self) -> None:
-        """Close every pooled connection."""
+        """Close every pooled connection; the Client cannot be used afterwards."""
+        self._closed = True
         try:
             await self._h2.close()
         finally:  # a cancelled close still closes the HTTP/1.1 pool
@@ -150,6 +165,7 @@ class Client:
                 await session.close()
 
     def _open(self) -> aiohttp.ClientSession:
+        self._check_usable()
         if self._session is None:
             connector = TimedConnector(
                 resolver=DnsResolver(self._resolver_spec, timeout=self.dns_timeout),
@@ -157,9 +173,8 @@ class Client:
                 force_close=not self._keepalive,
                 ssl=self._ssl,
             )
-            self._session = aiohttp.ClientSession(
-                connector=connector, headers=self._headers, trust_env=False
-            )
+            # default headers go with each request (``sent``), so a redirect can leave them out
+            self._session = aiohttp.ClientSession(connector=connector, trust_env=False)
         return self._session
 
     def _url(self, url: str) -> str:
@@ -169,6 +184,7 @@ class Client:
             else self.base_url.rstrip("/") + "/" + url.lstrip("/")
         )
         if urlsplit(full).scheme not in ("http", "https") or not urlsplit(full).hostname:
+            remember_request(full)
             raise UsageError(f"not an http(s) URL: {redact_url(full)!r}")
         return full
 
@@ -192,15 +208,40 @@ class Client:
         (when given) gets its waterfall so far, ``error_type="cancelled"``, with every stage
         that happened (open ones end at the cancellation); the cancellation still propagates.
         """
-        start = now_ns()
-        full = self._url(url)
+        self._check_usable()
         method = method or ("POST" if json is not None or data is not None else "GET")
+        sent = {**self._headers, **(headers or {})}
+        hop = Hop(method, self._url(url), json, data, sent)
+        # echoed back in errors or bodies, these values are masked; noted before the clock
+        # starts, so the bookkeeping is not part of the request's time
+        remember_request(hop.url, sent)
+        wf, location = await self._hop(hop, timeout, intended_start_ns, now_ns(), on_cancel)
+        before: list[Waterfall] = []
+        while self.follow_redirects and (nxt := next_hop(hop, wf.status, location)) is not None:
+            before.append(wf)
+            if len(before) > self.max_redirects:
+                wf = _too_many_redirects(wf, self.max_redirects)
+                break
+            hop = nxt
+            remember_request(hop.url, hop.headers)
+            wf, location = await self._hop(hop, timeout, None, now_ns(), on_cancel)
+        return with_chain(wf, before)
+
+    async def _hop(
+        self,
+        hop: Hop,
+        timeout: float | None,
+        intended_start_ns: int | None,
+        start: int,
+        on_cancel: Callable[[Waterfall], None] | None,
+    ) -> tuple[Waterfall, str | None]:
+        """One request: its waterfall and the ``Location`` it answered with, if any."""
+        method, full, json, data, sent = hop.method, hop.url, hop.json, hop.data, dict(hop.headers)
         limit = self.timeout if timeout is None else timeout
         recorder = Recorder(
             method, redact_url(full), start_ns=start, intended_start_ns=intended_start_ns
         )
         state = RequestState(recorder, self._trace)
-        sent = {**self._headers, **(headers or {})}
         context = inject(sent)  # W3C traceparent: how server spans find this request
         recorder.attributes.update({"trace_id": context.trace_id, "span_id": context.span_id})
         if context.parent_span_id:
@@ -230,8 +271,8 @@ class Client:
             if cancelled and on_cancel is not None:
                 on_cancel(recorder.finish(now_ns()))
         if recorder.interrupted or state.body_end_ns is None:
-            return recorder.finish(now_ns())
-        return recorder.finish(state.body_end_ns)
+            return recorder.finish(now_ns()), state.location
+        return recorder.finish(state.body_end_ns), state.location
 
     def _h2_mode(self, scheme: str) -> str | None:
         if self.http2 is True:
@@ -322,7 +363,7 @@ class Client:
             return
         if not rec.is_open("pool_wait"):
             state.begin("pool_wait", now_ns())
-        body, fields = _h2_request_parts(self._headers, headers, json, data)
+        body, fields = _h2_request_parts({}, headers, json, data)  # headers: defaults merged
         target = _h2_target(url)
 
         async def run() -> None:
@@ -348,7 +389,9 @@ class Client:
         session = self._open()
         if json is not None:
             data, headers = _json_body(json, headers)
-        async with session.request(method, url, data=data, headers=headers, timeout=timer) as resp:
+        async with session.request(
+            method, url, data=data, headers=headers, timeout=timer, allow_redirects=False
+        ) as resp:
             rec = state.recorder
             rec.status = resp.status
             rec.http_version = _http_version(resp.version)
@@ -404,6 +447,11 @@ class _H2Dial:
         finally:
             conn.resume(handoff.early)
             client._h2.end_dial(self.origin, conn)
+
+
+def _too_many_redirects(wf: Waterfall, limit: int) -> Waterfall:
+    message = f"more than {limit} redirects (the last to {wf.url})"
+    return dataclasses.replace(wf, error=message, error_type="redirect")
 
 
 def _left(deadline_ns: int) -> float:
@@ -471,6 +519,7 @@ async def aprobe(
     dns_timeout: float = 5.0,
     trace: TraceHook | None = None,
     http2: bool | None = None,
+    follow_redirects: bool = False,
 ) -> Waterfall:
     """One request on a fresh connection (cold: dns, connect, tls all measured).
 
@@ -484,6 +533,7 @@ async def aprobe(
         dns_timeout=dns_timeout,
         trace=trace,
         http2=http2,
+        follow_redirects=follow_redirects,
     )
     async with client:
         return await client.request(url, method=method, json=json, data=data, headers=headers)

@@ -8,8 +8,9 @@ Where each instant comes from:
   call, if it came to wait on a lookup already under way: aiohttp shares concurrent ones) to
   the kernel's arrival of the last answer the lookup needed (:mod:`.resolver`). Building and
   parsing messages, and the loop's delay in reading an answer, fall outside it (``other``).
-* ``connect``: just before the socket's ``connect`` syscall (the SYN leaves inside it) → just
-  after it returned with the handshake done. Sockets come from :func:`_socket_factory`, whose
+* ``connect``: just before the socket's ``connect`` syscall (the SYN leaves inside it) → that
+  instant plus the kernel's handshake RTT (``TCP_INFO``'s first sample is SYN → SYN-ACK), when
+  the call returned with the handshake done. Sockets come from :func:`_socket_factory`, whose
   ``connect`` reports a handshake the kernel finished inside the syscall (loopback, a local
   proxy) at once; a handshake still pending (any real network) ends at the protocol factory
   call, which asyncio makes once the socket is writable and before any TLS byte.
@@ -37,7 +38,7 @@ import socket
 from collections.abc import Callable, Iterator
 from typing import Any, cast
 
-from aiohttp import ClientRequest, ClientTimeout, TCPConnector
+from aiohttp import ClientPayloadError, ClientRequest, ClientTimeout, TCPConnector
 from aiohttp.client_proto import ResponseHandler
 from aiohttp.connector import Connection
 from aiohttp.helpers import is_ip_address
@@ -197,7 +198,9 @@ class TimedProtocol(ResponseHandler):
             state.recorder.read(t, wire.read_user_ns, wire.read_stamped, wire.refused)
         before = self._payload
         super().data_received(data)
-        payload = self._payload
+        # a response that ended in this read on a connection that closes after it has had
+        # its payload dropped already (aiohttp's close()): its last bytes still need a mark
+        payload = self._payload if self._payload is not None else before
         if payload is None:
             return
         if payload is not before and state.recorder.headers_ns is None:
@@ -210,6 +213,15 @@ class TimedProtocol(ResponseHandler):
             self._marks.append((received, t))
         if state.body_end_ns is None and payload.is_eof():
             state.body_end_ns = t
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        # A body without length framing is read until the connection ends, and aiohttp ends it
+        # as complete however the connection went: an RST would record a cut body as a success.
+        payload = self._payload
+        if exc is not None and payload is not None and not payload.is_eof():
+            cut = ClientPayloadError(f"connection lost before the body ended: {exc!r}")
+            payload.set_exception(cut, exc)
+        super().connection_lost(exc)
 
     def arrivals(self, offset: int, data: bytes) -> Iterator[tuple[bytes, int]]:
         """Split body bytes read at ``offset`` into pieces with the time each piece arrived."""
@@ -249,8 +261,8 @@ class _PromptSocket(StampedSocket):
 
     __slots__ = ("state",)
 
-    def __init__(self, family: int, type_: int, proto: int) -> None:
-        super().__init__(family, type_, proto)
+    def __init__(self, family: int, type_: int, proto: int, fileno: int | None = None) -> None:
+        super().__init__(family, type_, proto, fileno)
         self.state: RequestState | None = None
 
     def connect(self, address: Any) -> None:
@@ -267,7 +279,8 @@ class _PromptSocket(StampedSocket):
                 raise pending from None
         self.wire.connected_ns = done = now_ns()
         if state is not None and state.recorder.is_open("connect"):
-            state.end("connect", done)
+            rtt = self.handshake_rtt_ns()  # the SYN-ACK's arrival, in the kernel's count
+            state.end("connect", done if rtt is None else min(done, t + rtt))
 
 
 def _sent_ns(wire: WireStamps | None) -> int:

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
+from latency_analyzer._redact import redact_text
 from latency_analyzer.capture.sse import SSEEvent, SSEParser
 
 __all__ = [
@@ -254,6 +255,9 @@ def error_message_from_body(body: bytes) -> str | None:
     ``{"object": "error", "message": ...}`` (vLLM) and ``{"detail": ...}`` (FastAPI); anything
     else gives the first characters of the body as text, whitespace collapsed.
 
+    Credentials in the body (a server echoing the key it refused) are masked before the text is
+    cut, so no part of one survives.
+
     Returns:
         The message, or None for an empty (or all-whitespace) body.
     """
@@ -262,12 +266,12 @@ def error_message_from_body(body: bytes) -> str | None:
         return None
     try:
         obj: Any = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nesting deeper than the stack
         obj = None
     message = _json_error_message(obj) if isinstance(obj, dict) else None
-    if message is None:
-        message = " ".join(text.split())[:_MAX_TEXT_MESSAGE]
-    return message
+    if message is not None:
+        return redact_text(message)
+    return redact_text(" ".join(text[: _MAX_TEXT_MESSAGE * 8].split()))[:_MAX_TEXT_MESSAGE]
 
 
 def _load_object(raw: str | bytes, time_ns: int, events: list[Event]) -> dict[str, Any] | None:
@@ -276,6 +280,8 @@ def _load_object(raw: str | bytes, time_ns: int, events: list[Event]) -> dict[st
         obj: Any = _loads(raw)
     except ValueError as exc:  # JSONDecodeError (both libraries), UnicodeDecodeError for bytes
         reason = f"invalid JSON: {exc}"
+    except RecursionError:  # the standard library's limit; orjson's (1024) is a ValueError
+        reason = "invalid JSON: nested too deeply"
     else:
         if isinstance(obj, dict):
             return obj
@@ -400,6 +406,8 @@ def _str(value: Any) -> str:
 
 
 def _int_or_none(value: Any) -> int | None:
+    if isinstance(value, float) and abs(value) >= 2**63 and value.is_integer():
+        return int(value)  # orjson reads an integer beyond 64 bits as a float; json as an int
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 

@@ -1,4 +1,4 @@
-"""The client watching itself: pacer lag, event-loop lag, CPU and peak memory.
+"""The client watching itself: pacer lag, event-loop lag, read lag, CPU and peak memory.
 
 A load generator that cannot keep up reports the wrong latency (coordinated omission) or a
 throughput that is its own limit. So a run samples the event loop's lag all along (a task
@@ -9,6 +9,10 @@ A lagging loop has two different causes with different remedies: the client itse
 core (more processes help), or the host's CPUs were taken by others: other processes (the
 load average well above what this client used) or the hypervisor (CPU steal in
 ``/proc/stat``), where more client processes only add to the contention.
+RSS, and the summary says when the client, not the target, was the bottleneck. The read lag
+is measured, not sampled: every waterfall carries how long after the kernel's receive stamp
+our loop read each response's bytes (its median and worst), and the run reports their P50,
+P99 and max.
 """
 
 from __future__ import annotations
@@ -134,8 +138,10 @@ class LoopMonitor:
             await asyncio.sleep(_TICK_S)
             self.lags_ns.append(max(0, time.perf_counter_ns() - t - tick))
 
-    def health(self, pacer: Pacer | None) -> ClientHealth:
-        return ClientHealth.of(self, pacer)
+    def health(
+        self, pacer: Pacer | None, read_lags_s: tuple[list[float], list[float]] | None = None
+    ) -> ClientHealth:
+        return ClientHealth.of(self, pacer, read_lags_s)
 
 
 def _pcts(ns: list[int]) -> dict[str, float]:
@@ -175,14 +181,34 @@ class ClientHealth:
     steal: float | None = None
     load_avg: float | None = None
     cpus: int | None = None
+    read_lag: dict[str, float] | None = None
+    """P50/P99 of the waterfalls' median read lags, and the worst read (seconds)."""
 
     @classmethod
-    def of(cls, mon: LoopMonitor, pacer: Pacer | None) -> ClientHealth:
+    def of(
+        cls,
+        mon: LoopMonitor,
+        pacer: Pacer | None,
+        read_lags_s: tuple[list[float], list[float]] | None = None,
+    ) -> ClientHealth:
+        """``read_lags_s``: the waterfalls' (median, worst) read lags, when they have them."""
         cpu = mon.cpu_s / mon.wall_s if mon.wall_s > 0 else 0.0
         pacer_lag = _pcts(pacer.lags_ns) if pacer is not None else None
+        read_lag = None
+        if read_lags_s is not None and read_lags_s[0]:
+            medians, worst = read_lags_s
+            p50, p99 = np.percentile(np.asarray(medians), [50, 99])
+            read_lag = {"p50_s": float(p50), "p99_s": float(p99), "max_s": float(max(worst))}
         steal, load = getattr(mon, "steal", None), getattr(mon, "load", None)
         return cls(
-            _pcts(mon.lags_ns), pacer_lag, cpu, peak_rss_bytes(), steal, load, os.cpu_count()
+            _pcts(mon.lags_ns),
+            pacer_lag,
+            cpu,
+            peak_rss_bytes(),
+            steal=steal,
+            load_avg=load,
+            cpus=os.cpu_count(),
+            read_lag=read_lag,
         )
 
     @property
@@ -196,8 +222,13 @@ class ClientHealth:
 
     @property
     def saturated(self) -> bool:
-        """Loop lag (or pacer lag) P99 beyond :data:`LOOP_LAG_LIMIT_S`."""
-        worst = max(self.loop_lag["p99_s"], (self.pacer_lag or {}).get("p99_s", 0.0))
+        """Pacer lag, or how late the loop was, P99 beyond :data:`LOOP_LAG_LIMIT_S`.
+
+        How late the loop was is the measured read lag when the waterfalls carry it (the
+        kernel stamped each arrival); the loop-sleep sampler's estimate otherwise.
+        """
+        loop = self.read_lag if self.read_lag is not None else self.loop_lag
+        worst = max(loop["p99_s"], (self.pacer_lag or {}).get("p99_s", 0.0))
         return worst > LOOP_LAG_LIMIT_S
 
     def note(self) -> str | None:
@@ -207,6 +238,8 @@ class ClientHealth:
         lag = f"event-loop lag P99 {self.loop_lag['p99_s'] * 1e3:.1f} ms"
         if self.pacer_lag is not None:
             lag += f", pacer lag P99 {self.pacer_lag['p99_s'] * 1e3:.1f} ms"
+        if self.read_lag is not None:
+            lag += f", read lag P99 {self.read_lag['p99_s'] * 1e3:.1f} ms"
         own = f"this client used {self.cpu:.0%} of a core"
         if self.host_contended:
             if self.steal is not None and self.steal >= STEAL_LIMIT:
@@ -238,6 +271,7 @@ class ClientHealth:
             "pacer_lag": self.pacer_lag,
             "cpu_cores": self.cpu,
             "peak_rss_bytes": self.peak_rss_bytes,
+            "read_lag": self.read_lag,
             "saturated": self.saturated,
             "steal": self.steal,
             "load_avg": self.load_avg,

@@ -387,7 +387,8 @@ async def _finish_hooks(tasks: list[asyncio.Task[None]]) -> None:
 def _result(r: _Run, mon: LoopMonitor, pacer: Pacer | None, *, interrupted: bool) -> RunResult:
     if r.issued != r.stored:  # the invariant every report rests on
         raise UsageError(f"{r.issued} requests issued but {r.stored} stored")
-    health = mon.health(pacer)
+    lags = (list(r.ws.values("read_lag")), list(r.ws.values("read_lag_max")))
+    health = mon.health(pacer, lags)
     res = RunResult(r.ws, r.sc, r.issued, health, mon.wall_s, interrupted=interrupted)
     if interrupted:
         n = r.ws.labels("error_type").count("cancelled")

@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from ..capture.client import redact_url
+from .._redact import redact_text, redact_url, remember_request
 from ..errors import UsageError
 from ._parse import ACCEPT, MetricsParseError, ParsedSample
 from ._series import MetricSeries
@@ -112,6 +112,7 @@ class Scraper:
         self._owns_series = series is None
         self.series = series if series is not None else MetricSeries(path)
         for t in self.targets:
+            remember_request(t.url)  # a key in a scrape URL is masked wherever it is echoed
             self.series.add_target(t.label, redact_url(t.url), self.interval)
         self._ssl = ssl
         self._session: aiohttp.ClientSession | None = None
@@ -208,14 +209,14 @@ class Scraper:
         try:
             body, ctype = await self._fetch(target)
         except _Failed as exc:
-            self.series.add_gap(name, send, time.perf_counter_ns(), str(exc))
+            self.series.add_gap(name, send, time.perf_counter_ns(), redact_text(str(exc)))
             return
         except (asyncio.TimeoutError, TimeoutError):
             reason = f"timeout after {self.timeout:g} s"
             self.series.add_gap(name, send, time.perf_counter_ns(), reason)
             return
         except (aiohttp.ClientError, OSError) as exc:
-            reason = f"{type(exc).__name__}: {exc}"[:200]
+            reason = redact_text(f"{type(exc).__name__}: {exc}")[:200]  # aiohttp quotes the URL
             self.series.add_gap(name, send, time.perf_counter_ns(), reason)
             return
         done = time.perf_counter_ns()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fractions import Fraction
 from typing import Any
 
+from .._redact import redact_text
 from .._units import format_ns
 from ..report.text import render_waterfall
 from ..timeline import Waterfall
@@ -52,7 +53,7 @@ def _error_lines(ev: Evaluation) -> list[str]:
     ]
     for i in ev.failed[:_MAX_LISTED_ERRORS]:
         wf = ev.waterfalls[i]
-        lines.append(f"    request #{i + 1}: {wf.error_type}: {wf.error}")
+        lines.append(f"    request #{i + 1}: {wf.error_type}: {redact_text(wf.error or '')}")
     if len(ev.failed) > _MAX_LISTED_ERRORS:
         lines.append(f"    ... and {len(ev.failed) - _MAX_LISTED_ERRORS} more")
     return lines

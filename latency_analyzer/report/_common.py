@@ -3,18 +3,18 @@
 Request headers are never stored in a waterfall, but an export must not trust that alone: a
 waterfall may carry response headers (``http.set-cookie``) or attributes that someone else
 added, a URL read back from an old file, or an error message quoting a key. ``scrub`` removes
-all of them, and every exporter in ``report`` calls it first.
+all of them, and every exporter in ``report`` calls it first. What counts as a credential is
+defined once, in ``latency_analyzer._redact``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
-from urllib.parse import unquote_plus, urlsplit, urlunsplit
 
+from .._redact import is_secret_name, redact_text, redact_url
 from .._version import __version__
 from ..timeline import AttrValue, Span, Waterfall
 
@@ -22,11 +22,6 @@ __all__ = ["EXPORT_SCHEMA", "export_meta", "is_secret_name", "redact_text", "red
 
 #: Version of the layout of every export format written by ``report`` (bumped on any change).
 EXPORT_SCHEMA = 1
-
-_SECRET_PARTS = ("authorization", "cookie", "api-key", "api_key", "apikey", "secret", "password")
-_SECRET_QUERY_KEYS = {"key", "api_key", "api-key", "apikey", "token", "access_token", "sig"}
-# An Authorization value (any scheme) and the key shapes of OpenAI-style providers.
-_SECRET_VALUE = re.compile(r"(?i)\b(bearer|basic|token)\s+[A-Za-z0-9._~+/=-]{6,}|\bsk-[\w-]{8,}")
 
 
 def export_meta(fmt: str, created: datetime | None = None) -> dict[str, Any]:
@@ -39,30 +34,6 @@ def export_meta(fmt: str, created: datetime | None = None) -> dict[str, Any]:
         "library_version": __version__,
         "created_utc": when.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
     }
-
-
-def is_secret_name(name: str) -> bool:
-    """True for attribute/header names that hold credentials (``http.authorization`` ...)."""
-    low = name.lower()
-    return any(part in low for part in _SECRET_PARTS)
-
-
-def redact_text(text: str) -> str:
-    """``text`` with credential-looking values (``Bearer …``, ``sk-…``) replaced by ``***``."""
-    return _SECRET_VALUE.sub("***", text)
-
-
-def _redact_param(param: str) -> str:
-    key, sep, _ = param.partition("=")
-    return f"{key}=***" if sep and unquote_plus(key).lower() in _SECRET_QUERY_KEYS else param
-
-
-def redact_url(url: str) -> str:
-    """The URL without user info and with secret-looking query values replaced by ``***``."""
-    parts = urlsplit(url)
-    netloc = parts.netloc.rsplit("@", 1)[-1]
-    query = "&".join(_redact_param(p) for p in parts.query.split("&")) if parts.query else ""
-    return redact_text(urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment)))
 
 
 def _clean_attrs(attrs: Mapping[str, AttrValue]) -> dict[str, AttrValue]:

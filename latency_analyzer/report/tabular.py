@@ -62,6 +62,10 @@ ROW_COLUMNS = (
     "tls_session_reused",
     "server_status",
     "ttfc_ms",
+    "ttft_wire_ms",
+    "clock_source",
+    "read_lag_p50_ms",
+    "read_lag_max_ms",
 )
 #: The kernel's view of each request's connection at its end (``wf.tcp_end``), after the stages.
 TCP_COLUMNS = ("tcp_rtt_ms", "tcp_min_rtt_ms", "tcp_total_retrans", "tcp_lost", "tcp_snd_cwnd")
@@ -132,6 +136,10 @@ def _row(wf: Waterfall) -> dict[str, Any]:
         "tls_session_reused": None if tls is None else tls.session_reused,
         "server_status": wf.attributes.get("server.status"),
         "ttfc_ms": _ms(wf.ttfc),
+        "ttft_wire_ms": _ms(wf.ttft_wire),
+        "clock_source": wf.clock_source,
+        "read_lag_p50_ms": _ms(wf.read_lag_p50),
+        "read_lag_max_ms": _ms(wf.read_lag_max),
     }
     for stage, ns in wf.attribution_ns().items():
         row[f"stage_{stage}_ms"] = round(ns / 1e6, 6)

@@ -129,6 +129,20 @@ def _metrics(wf: Waterfall) -> list[str]:
     itl = wf.itl
     if len(itl) >= 2:
         line += f" · ITL median {_ms(statistics.median(itl))}, max {_ms(max(itl))}"
+    return [line, *_clock(wf)]
+
+
+def _clock(wf: Waterfall) -> list[str]:
+    """Where the arrival stamps came from and how late our loop read them."""
+    if wf.clock_source is None:
+        return []
+    line = f"  clock {wf.clock_source}"
+    if wf.ttft_wire is not None:
+        line = f"  TTFT on the wire {_ms(wf.ttft_wire)} · clock {wf.clock_source}"
+    if wf.read_lag_p50 is not None and wf.read_lag_max is not None:
+        line += f" · read lag median {_ms(wf.read_lag_p50)}, max {_ms(wf.read_lag_max)}"
+    if wf.shared_read_chunks:
+        line += f" · {len(wf.shared_read_chunks)} chunks read with later bytes"
     return [line]
 
 

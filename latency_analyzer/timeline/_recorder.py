@@ -10,7 +10,7 @@ from ._clock import ClockAnchor, process_anchor
 from ._span import AttrValue, Span
 from ._stages import CLIENT_STAGES, ROOT_NAME
 from ._tcpinfo import TcpInfo
-from ._tokens import distribute_tokens
+from ._tokens import MAX_TOKEN_COUNT, claim_value, distribute_tokens, token_cap
 from ._waterfall import ConnectionInfo, TlsInfo, Waterfall
 
 __all__ = ["Recorder"]
@@ -77,6 +77,7 @@ class Recorder:
         self._user_reads = 0
         self._refused: str | None = None
         self.multi_event_reads = 0
+        self._shared: list[int] = []
 
     # -- stages --
     def begin(self, name: str, t_ns: int, **attrs: AttrValue) -> None:
@@ -138,9 +139,16 @@ class Recorder:
             if refused is not None:
                 self._refused = refused
 
-    def multi_event_read(self) -> None:
-        """One read carried several content chunks: they share that read's kernel stamp."""
+    def multi_event_read(self, chunks: range = range(0)) -> None:
+        """One read carried a content chunk and more events after it: they share the read's
+        stamp, the arrival of its last bytes. ``chunks``: the indices of the chunks so
+        stamped (not the read's last event)."""
         self.multi_event_reads += 1
+        self._shared.extend(chunks)
+
+    @property
+    def chunk_count(self) -> int:
+        return len(self._chunks)
 
     # -- response --
     def response_headers(self, t_ns: int, status: int | None = None) -> None:
@@ -163,7 +171,9 @@ class Recorder:
     def usage(self, prompt_tokens: int | None, completion_tokens: int | None) -> None:
         """The server's own token counts (OpenAI ``usage``)."""
         if prompt_tokens is not None:
-            self.usage_prompt = prompt_tokens
+            if prompt_tokens > MAX_TOKEN_COUNT:
+                self.attributes["usage_input_tokens_claimed"] = claim_value(prompt_tokens)
+            self.usage_prompt = min(prompt_tokens, MAX_TOKEN_COUNT)
         if completion_tokens is not None:
             self.usage_completion = completion_tokens
 
@@ -248,6 +258,7 @@ class Recorder:
             "clock_source": source,
             "reads": kernel + user,
             "multi_event_reads": self.multi_event_reads,
+            "shared_read_chunks": tuple(self._shared),
         }
         if self._lags:
             lags = sorted(self._lags)
@@ -299,10 +310,14 @@ class Recorder:
         """Chunk times, tokens per chunk, output tokens and where that count came from."""
         times = tuple(c.time_ns for c in self._chunks)
         if all(c.tokens is not None for c in self._chunks) and self._chunks:
-            known = tuple(c.tokens or 0 for c in self._chunks)
+            known = tuple(min(c.tokens or 0, token_cap(c.weight)) for c in self._chunks)
+            self._note_claim(sum(c.tokens or 0 for c in self._chunks), sum(known))
             return times, known, sum(known), "continuous_usage"
         total = self.usage_completion
         if total is not None:
+            # a server's count sizes lists (itl): at most what the received text can hold
+            room = sum(token_cap(c.weight) for c in self._chunks) if self._chunks else None
+            total = self._note_claim(total, min(total, MAX_TOKEN_COUNT if room is None else room))
             split = distribute_tokens(total, [c.weight for c in self._chunks])
             if split is not None:
                 return times, tuple(split), total, "usage"
@@ -311,3 +326,9 @@ class Recorder:
             self.attributes["usage_mismatch"] = f"usage says {total} tokens in {len(times)} chunks"
         n = len(times)
         return times, (1,) * n, (n if n else None), ("chunks" if n else None)
+
+    def _note_claim(self, claimed: int, capped: int) -> int:
+        """Keep a server's token count that exceeds what arrived, as a claim; return the cap."""
+        if claimed > capped:
+            self.attributes["usage_output_tokens_claimed"] = claim_value(claimed)
+        return capped

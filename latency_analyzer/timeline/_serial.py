@@ -66,7 +66,14 @@ _SCALARS = (
 _OPTIONAL = ("first_chunk_ns", "last_chunk_ns")
 
 
-_READ_FIELDS = ("clock_source", "read_lag_p50_ns", "read_lag_max_ns", "reads", "multi_event_reads")
+_READ_FIELDS = (
+    "clock_source",
+    "read_lag_p50_ns",
+    "read_lag_max_ns",
+    "reads",
+    "multi_event_reads",
+    "shared_read_chunks",
+)
 
 
 def waterfall_to_dict(wf: Waterfall) -> dict[str, Any]:
@@ -83,8 +90,10 @@ def waterfall_to_dict(wf: Waterfall) -> dict[str, Any]:
         reading = getattr(wf, key)
         if reading is not None:
             out[key] = _fields(reading)
-    if wf.reads:  # written only when reads were recorded
-        out.update({name: getattr(wf, name) for name in _READ_FIELDS})
+    for name in _READ_FIELDS:  # written only when reads were recorded
+        if wf.reads:
+            value = getattr(wf, name)
+            out[name] = list(value) if isinstance(value, tuple) else value
     for name in _OPTIONAL:
         if getattr(wf, name) is not None:
             out[name] = getattr(wf, name)
@@ -113,9 +122,17 @@ def waterfall_from_dict(data: Mapping[str, Any]) -> Waterfall:
         tcp_connect=TcpInfo(**data["tcp_connect"]) if data.get("tcp_connect") else None,
         tcp_end=TcpInfo(**data["tcp_end"]) if data.get("tcp_end") else None,
         **scalars,
-        **{name: data[name] for name in _READ_FIELDS if name in data},
+        **_read_fields(data),
         **{name: data[name] for name in _OPTIONAL if data.get(name) is not None},
     )
+
+
+def _read_fields(data: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        name: tuple(data[name]) if isinstance(data[name], list) else data[name]
+        for name in _READ_FIELDS
+        if name in data
+    }
 
 
 def _fields(obj: Any) -> dict[str, Any]:

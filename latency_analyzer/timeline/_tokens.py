@@ -4,7 +4,33 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["distribute_tokens", "per_token_gaps_ns"]
+__all__ = [
+    "MAX_TOKENS_PER_CHAR",
+    "MAX_TOKEN_COUNT",
+    "claim_value",
+    "distribute_tokens",
+    "per_token_gaps_ns",
+    "token_cap",
+]
+
+#: Largest token count kept as a count (columns store counts as int32); a larger claim is kept
+#: only as a ``usage_*_claimed`` attribute.
+MAX_TOKEN_COUNT = 2**31 - 1
+
+#: A token carries at least one byte of text and a character is at most four UTF-8 bytes, so a
+#: chunk of ``w`` characters holds at most ``4 * w`` tokens (plus one that shows no text, e.g.
+#: a stop token). Servers' counts above that are claims, not what arrived.
+MAX_TOKENS_PER_CHAR = 4
+
+
+def claim_value(claimed: int) -> int | str:
+    """A server's claim as an attribute value: an int where every export can hold it (int64)."""
+    return claimed if -(2**63) <= claimed < 2**63 else str(claimed)
+
+
+def token_cap(weight: int) -> int:
+    """Most tokens a chunk of ``weight`` characters of text can have carried."""
+    return MAX_TOKENS_PER_CHAR * max(weight, 0) + 1
 
 
 def distribute_tokens(total: int, weights: Sequence[int]) -> list[int] | None:
@@ -22,18 +48,20 @@ def distribute_tokens(total: int, weights: Sequence[int]) -> list[int] | None:
     if not any(clean):
         clean = [1] * n
     weight_sum = sum(clean)
-    shares = [total * w / weight_sum for w in clean]
-    counts = [max(1, int(s)) for s in shares]
-    by_remainder = sorted(range(n), key=lambda i: (counts[i] - shares[i], i))
-    diff = total - sum(counts)
-    while diff > 0:  # hand out what rounding down left, largest remainder first
-        for i in by_remainder[:diff]:
-            counts[i] += 1
-        diff = total - sum(counts)
-    while diff < 0:  # the at-least-one floor overshot: take back where it was most generous
-        for i in reversed(by_remainder):
-            if diff < 0 and counts[i] > 1:
-                counts[i], diff = counts[i] - 1, diff + 1
+    # integer shares: exact for any total (a float share of 10**25 is off by ~10**9, and handing
+    # out that error one token per chunk per pass would never end)
+    floors = [total * w // weight_sum for w in clean]
+    remainders = [total * w % weight_sum for w in clean]
+    counts = [max(1, f) for f in floors]
+    largest_first = sorted(range(n), key=lambda i: (-remainders[i], i))
+    diff = total - sum(counts)  # below n: each floor lost less than one token
+    for i in largest_first[: max(diff, 0)]:  # what rounding down left, largest remainder first
+        counts[i] += 1
+    for i in reversed(largest_first):  # the at-least-one floor overshot: take back from the
+        if diff >= 0:  # chunks with the smallest remainders that can spare a token
+            break
+        spare = min(counts[i] - 1, -diff)
+        counts[i], diff = counts[i] - spare, diff + spare
     return counts
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from .._redact import redact_text, redact_url
 from ..errors import RequestError, UsageError
 from ._clock import ClockAnchor
 from ._display import present
@@ -62,9 +63,12 @@ class Waterfall:
     Arrival instants are the kernel's receive timestamps of the reads that brought the bytes
     where ``clock_source`` is ``"kernel"`` (``"userspace"``: when our event loop read them;
     ``"mixed"``: some of each; None: nothing was read). The kernel stamps a read's last
-    segment, so chunks that shared one read (``multi_event_reads`` counts such reads) share
-    its stamp. ``read_lag_p50_ns`` / ``read_lag_max_ns``: how long after the kernel's stamp
-    our event loop read the bytes (median and worst of the response's ``reads``).
+    segment, so chunks that shared one read share its stamp; ``multi_event_reads`` counts
+    the reads where a content chunk had more events after it, and ``shared_read_chunks``
+    names those chunks (indices into ``chunk_times_ns``): each carries the arrival of bytes
+    that came after it, late by at most the read lag. ``read_lag_p50_ns`` /
+    ``read_lag_max_ns``: how long after the kernel's stamp our event loop read the bytes
+    (median and worst of the response's ``reads``).
 
     A server can stream a token whose text is empty (a byte-level tokenizer's partial UTF-8
     piece): a token to the server, nothing to read for the user. ``first_chunk_ns`` is the
@@ -100,6 +104,7 @@ class Waterfall:
     multi_event_reads: int = 0
     first_chunk_ns: int | None = None
     last_chunk_ns: int | None = None
+    shared_read_chunks: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.attributes, MappingProxyType):
@@ -299,11 +304,11 @@ class Waterfall:
             "output_tokens": self.output_tokens,
             "http_version": self.http_version,
             "stages": stages,
-            "error": self.error,
+            "error": None if self.error is None else redact_text(self.error),
             "error_type": self.error_type,
             "status": self.status,
             "method": self.method,
-            "url": self.url,
+            "url": redact_url(self.url),
             "input_tokens": self.input_tokens,
             "output_tokens_source": self.output_tokens_source,
             "ttfrt_s": self.ttfrt,
@@ -325,7 +330,8 @@ class Waterfall:
     def __repr__(self) -> str:
         parts = ", ".join(f"{k}={v * 1e3:.2f}ms" for k, v in self.attribution().items() if v)
         status = f"error={self.error_type!r}" if self.error else f"status={self.status}"
-        return f"<Waterfall {self.method} {self.url} {status} e2e={self.e2e * 1e3:.2f}ms {parts}>"
+        url = redact_url(self.url)
+        return f"<Waterfall {self.method} {url} {status} e2e={self.e2e * 1e3:.2f}ms {parts}>"
 
 
 def _tcp_dict(tcp: TcpInfo) -> dict[str, object]:

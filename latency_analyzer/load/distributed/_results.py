@@ -176,9 +176,10 @@ def worst_client(outs: list[dict[str, Any]]) -> ClientHealth:
         c["pacer_lag"],
         c["cpu_cores"],
         c["peak_rss_bytes"],
-        c.get("steal"),
-        c.get("load_avg"),
-        c.get("cpus"),
+        steal=c.get("steal"),
+        load_avg=c.get("load_avg"),
+        cpus=c.get("cpus"),
+        read_lag=c.get("read_lag"),
     )
 
 
