@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import math
 import os
 import signal
 import time
@@ -40,7 +39,15 @@ from ...analysis import Tags, WaterfallSet, fingerprint
 from ...errors import UsageError
 from ...timeline import Waterfall
 from .._scenario import Scenario
-from ._results import DistributedResult, WorkerReport, rates, rtt_note, worker_notes, worst_client
+from ._results import (
+    DistributedResult,
+    WorkerReport,
+    cristian_offset,
+    rates,
+    rtt_note,
+    worker_notes,
+    worst_client,
+)
 from ._split import expected_requests, phase_ns, split_scenario
 
 __all__ = [
@@ -170,14 +177,12 @@ class DistributedRun:
         r.host, r.node_id, r.pid = ident["host"], ident["node_id"], ident["pid"]
         r.anchor, r.fingerprint = ident["anchor"], ident["fingerprint"]
         r.expected = expected_requests(self.parts[i])
-        r.clock_error_s = math.inf
+        samples = []
         for _ in range(_CLOCK_PROBES):  # Cristian: the worker read its clock in [sent, back]
             sent = time.time_ns()
             wall = await self.handles[i].call("wall_ns")
-            back = time.time_ns()
-            if (back - sent) / 2e9 < r.clock_error_s:
-                r.clock_offset_s = (wall - (sent + back) / 2) / 1e9
-                r.clock_error_s = (back - sent) / 2e9
+            samples.append((sent, wall, time.time_ns()))
+        r.clock_offset_s, r.clock_error_s = cristian_offset(samples)
 
     def _meta(self) -> dict[str, Any]:
         return {
