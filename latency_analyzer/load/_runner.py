@@ -30,6 +30,7 @@ from ..capture.client import Client
 from ..errors import UsageError
 from ..metrics import MetricSeries, Scraper
 from ..timeline import Waterfall
+from ._checks import request_headers
 from ._dists import arrival_gaps
 from ._monitor import ClientHealth, LoopMonitor, Pacer
 from ._scenario import Scenario, Template
@@ -258,7 +259,8 @@ async def run(
         path: stream the set to this JSONL file as the run goes (None: memory only).
         worker, step: tags for merged multi-process sets and sweep steps.
         hooks: coroutines started with the run's t0 (``perf_counter_ns``), e.g. an outage.
-        headers: sent with every request (e.g. Authorization); never stored.
+        headers: sent with every request (e.g. Authorization), on top of the scenario's
+            ``headers`` and ``header_env``; never stored.
         progress: called as ``progress(stored, total_or_None)`` after each request.
         rtt_samples: TCP connects for the fingerprint's base RTT (0: skip).
         scraper: Prometheus endpoints scraped during the run; started (first scrape done)
@@ -269,6 +271,7 @@ async def run(
         on_row: called with every stored row (waterfall and tags) as it is stored.
         stop: once set, no further request is issued; in-flight ones finish and are stored.
     """
+    sent = {**request_headers(scenario), **(headers or {})}  # an unset variable: before any file
     meta = {
         "scenario": scenario.to_dict(),
         "fingerprint": fingerprint(scenario.url, scenario=None, rtt_samples=rtt_samples),
@@ -279,7 +282,7 @@ async def run(
         limit=limit,
         keepalive=not scenario.new_connections,
         timeout=scenario.timeout,
-        headers=headers,
+        headers=sent,
     )
     pacer = Pacer() if scenario.mode == "open" else None
     r = _Run(scenario, ws, client, worker, step, progress, on_row, stop)

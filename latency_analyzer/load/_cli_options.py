@@ -1,0 +1,125 @@
+"""``latency-analyzer run`` flags for what a request carries: model, headers, body, limits.
+
+Each flag is a scenario key (``--max-in-flight`` is ``max_in_flight``) and overrides the
+scenario file's or preset's value; the scenario's own checks then say when an option cannot
+apply to the chosen loop. Header values given with ``-H`` or read with ``--header-env`` are
+sent and never stored or printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from typing import Any
+
+from ..errors import UsageError
+from ._checks import request_headers
+from ._scenario import Scenario
+
+__all__ = ["add_request_arguments", "finish_scenario", "request_overrides"]
+
+
+def add_request_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the request flags to the ``run`` parser."""
+    p.add_argument("--model", help="the request body's model (default: the scenario's)")
+    p.add_argument(
+        "-H",
+        "--header",
+        action="append",
+        default=[],
+        metavar="'NAME: VALUE'",
+        help="a header sent with every request (repeatable); never stored",
+    )
+    p.add_argument(
+        "--header-env",
+        action="append",
+        default=[],
+        metavar="NAME=ENVVAR",
+        help="a header whose value is read from an environment variable (repeatable)",
+    )
+    p.add_argument(
+        "--max-in-flight", type=int, metavar="N", help="open loop: requests in flight at most"
+    )
+    p.add_argument("--max-tokens", type=int, metavar="N", help="max_tokens asked for")
+    p.add_argument(
+        "--body-extra", metavar="JSON", help="a JSON object merged into every request body"
+    )
+
+
+#: Flags added to the scenario's own tables rather than replacing them.
+_MERGED = ("headers", "header_env", "body_extra")
+
+
+def request_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The plain scenario keys the request flags set (only those given).
+
+    Raises:
+        UsageError: see :func:`_flags`.
+    """
+    return {k: v for k, v in _flags(args).items() if k not in _MERGED}
+
+
+def _flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The scenario keys the request flags set (only those given).
+
+    Raises:
+        UsageError: a malformed ``-H``, ``--header-env`` or ``--body-extra``.
+    """
+    out: dict[str, Any] = {}
+    if args.model is not None:
+        out["model"] = args.model
+    if args.max_in_flight is not None:
+        out["max_in_flight"] = args.max_in_flight
+    headers: dict[str, str] = {}
+    for text in args.header:
+        name, sep, value = text.partition(":")
+        if not sep or not name.strip():
+            raise UsageError("-H/--header: expected 'NAME: VALUE'")  # the text may be a secret
+        headers[name.strip()] = value.strip()
+    if headers:
+        out["headers"] = headers
+    env: dict[str, str] = {}
+    for text in args.header_env:
+        name, sep, var = text.partition("=")
+        if not sep or not name.strip() or not var.strip():
+            raise UsageError(f"--header-env: expected NAME=ENVVAR, got {text!r}")
+        env[name.strip()] = var.strip()
+    if env:
+        out["header_env"] = env
+    if args.body_extra is not None:
+        try:
+            extra = json.loads(args.body_extra)
+        except ValueError as exc:
+            raise UsageError(f"--body-extra: not JSON ({exc})") from None
+        if not isinstance(extra, dict):
+            raise UsageError("--body-extra: expected a JSON object, e.g. '{\"temperature\": 0}'")
+        out["body_extra"] = extra
+    return out
+
+
+def finish_scenario(sc: Scenario, args: argparse.Namespace) -> Scenario:
+    """Apply what is not a plain scenario key (``-H``, ``--header-env`` and ``--body-extra``
+    add to the scenario's tables, ``--max-tokens`` sets every template's) and check
+    the flags the scenario cannot tell were given (a value equal to its default).
+
+    Raises:
+        UsageError: ``--concurrency`` on an open loop, ``--max-tokens`` below 1, a
+            ``header_env`` variable that is not set.
+    """
+    given = _flags(args)
+    merged = {k: {**getattr(sc, k), **given[k]} for k in _MERGED if k in given}
+    if merged:
+        sc = sc.replace(**merged)
+    request_headers(sc)  # an unset variable is an error now, before anything runs
+    if sc.mode == "open" and args.concurrency is not None:
+        raise UsageError(
+            "'concurrency' (--concurrency) applies only to a closed loop (mode = \"closed\"): "
+            "an open loop's arrivals follow its schedule; use --rate and --max-in-flight"
+        )
+    if args.max_tokens is not None:
+        if args.max_tokens < 1:
+            raise UsageError("--max-tokens must be >= 1")
+        templates = tuple(dataclasses.replace(t, max_tokens=args.max_tokens) for t in sc.templates)
+        sc = sc.replace(templates=templates)
+    return sc
