@@ -30,7 +30,15 @@ CURRENT: ContextVar[RequestState | None] = ContextVar("latency_analyzer_request"
 class RequestState:
     """The recorder of one request plus the trace hook, as the capture code sees them."""
 
-    __slots__ = ("alpn_settled", "body_end_ns", "h2_mode", "protocol", "recorder", "trace")
+    __slots__ = (
+        "alpn_settled",
+        "answer",
+        "body_end_ns",
+        "h2_mode",
+        "protocol",
+        "recorder",
+        "trace",
+    )
 
     def __init__(self, recorder: Recorder, trace: TraceHook | None = None) -> None:
         self.recorder = recorder
@@ -43,6 +51,8 @@ class RequestState:
         self.h2_mode: str | None = None
         # called once the TLS handshake chose HTTP/1.1 for a dial others may be waiting on
         self.alpn_settled: Callable[[], None] | None = None
+        # the answer's text pieces, collected when the caller asked for them (a chat turn)
+        self.answer: list[str] | None = None
 
     def begin(self, stage: str, t_ns: int, **attrs: AttrValue) -> None:
         self.recorder.begin(stage, t_ns, **attrs)

@@ -182,12 +182,15 @@ class Client:
         headers: Mapping[str, str] | None = None,
         timeout: float | None = None,
         intended_start_ns: int | None = None,
+        answer: list[str] | None = None,
     ) -> Waterfall:
         """Send one request and return its waterfall (never raises for network errors).
 
         ``method`` defaults to POST when there is a body, else GET. ``intended_start_ns`` (a
         ``perf_counter_ns`` value) is when an open-loop schedule wanted this request to start:
-        the delay until now becomes ``schedule_lag``.
+        the delay until now becomes ``schedule_lag``. ``answer``: a list the answer's text
+        (an OpenAI response's ``content``, as it arrives) is appended to, e.g. for the next
+        turn of a conversation; it is not kept on the waterfall.
         """
         start = now_ns()
         full = self._url(url)
@@ -197,6 +200,7 @@ class Client:
             method, redact_url(full), start_ns=start, intended_start_ns=intended_start_ns
         )
         state = RequestState(recorder, self._trace)
+        state.answer = answer
         sent = {**self._headers, **(headers or {})}
         context = inject(sent)  # W3C traceparent: how server spans find this request
         recorder.attributes.update({"trace_id": context.trace_id, "span_id": context.span_id})

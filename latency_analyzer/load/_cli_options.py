@@ -11,10 +11,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
 from ._checks import request_headers
+from ._datasets import check_fits, load_dataset
 from ._scenario import Scenario
 
 __all__ = ["add_request_arguments", "finish_scenario", "request_overrides"]
@@ -45,6 +47,11 @@ def add_request_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--body-extra", metavar="JSON", help="a JSON object merged into every request body"
     )
+    p.add_argument(
+        "--dataset", metavar="PATH", help="prompts from a .jsonl, a .csv or a folder of .txt"
+    )
+    p.add_argument("--dataset-field", metavar="NAME", help="the dataset's key or column")
+    p.add_argument("--dataset-sample", choices=("random", "sequential"), help="how rows are drawn")
 
 
 #: Flags added to the scenario's own tables rather than replacing them.
@@ -108,10 +115,20 @@ def finish_scenario(sc: Scenario, args: argparse.Namespace) -> Scenario:
             ``header_env`` variable that is not set.
     """
     given = _flags(args)
-    merged = {k: {**getattr(sc, k), **given[k]} for k in _MERGED if k in given}
+    path = None if args.dataset is None else str(Path(args.dataset).absolute())
+    dataset = {"path": path, "field": args.dataset_field, "sample": args.dataset_sample}
+    dataset = {k: v for k, v in dataset.items() if v is not None}
+    if dataset:
+        if sc.dataset is None and "path" not in dataset:
+            raise UsageError("--dataset-field and --dataset-sample need --dataset PATH")
+        given["dataset"] = dataset
+    keys = [k for k in (*_MERGED, "dataset") if k in given]
+    merged = {k: {**(getattr(sc, k) or {}), **given[k]} for k in keys}
     if merged:
         sc = sc.replace(**merged)
     request_headers(sc)  # an unset variable is an error now, before anything runs
+    if sc.dataset is not None:  # so is a bad dataset
+        check_fits(load_dataset(sc.dataset), sc)
     if sc.mode == "open" and args.concurrency is not None:
         raise UsageError(
             "'concurrency' (--concurrency) applies only to a closed loop (mode = \"closed\"): "

@@ -25,6 +25,7 @@ from typing import Any
 
 from ..errors import UsageError
 from ._checks import check_headers, check_modes
+from ._datasets import resolve_paths
 from ._dists import ARRIVALS, Dist, dist, synthetic_prompt
 
 if sys.version_info >= (3, 11):
@@ -115,6 +116,7 @@ class Scenario:
             (``{Authorization = "OPENAI_API_KEY"}`` sends the variable's text as it is).
         body_extra: JSON fields merged into every request body (a template's ``body`` goes
             on top of them).
+        dataset: prompts from a file (see :mod:`latency_analyzer.load._datasets`).
     """
 
     url: str
@@ -141,6 +143,7 @@ class Scenario:
     headers: Mapping[str, str] = field(default_factory=dict, repr=False)
     header_env: Mapping[str, str] = field(default_factory=dict)
     body_extra: Mapping[str, Any] = field(default_factory=dict)
+    dataset: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in _MODES:
@@ -188,6 +191,7 @@ class Scenario:
         del out["headers"]  # values may be secrets
         out["header_env"] = dict(self.header_env)
         out["body_extra"] = dict(self.body_extra)
+        out["dataset"] = None if self.dataset is None else dict(self.dataset)
         return out
 
     def replace(self, **changes: Any) -> Scenario:
@@ -329,6 +333,7 @@ def load_scenario(path: str | Path, **overrides: Any) -> tuple[Scenario, dict[st
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"{path}: not valid TOML: {exc}") from None
     try:
+        resolve_paths(data, Path(path).parent)
         return _from_table(data, overrides)
     except UsageError as exc:
         raise UsageError(f"{path}: {exc}") from None
