@@ -56,6 +56,11 @@ def check_modes(sc: Scenario) -> None:
                     f'{_named(key)} applies only to an open loop (mode = "open", --mode '
                     f"open): {why}, with no schedule to keep; this scenario is a closed loop"
                 )
+        if sc.trace is not None:
+            raise UsageError(
+                "'trace' (--trace) replays its own arrival instants: it needs an open loop "
+                '(mode = "open", --mode open)'
+            )
     else:
         for key in ("concurrency", "think_time"):
             if given[key]:
@@ -64,11 +69,25 @@ def check_modes(sc: Scenario) -> None:
                     "loop's arrivals follow its schedule, not its users' responses; use rate "
                     "and max_in_flight (--rate, --max-in-flight)"
                 )
+        if sc.trace is not None:
+            fixed = {"rate": given["rate"], "burstiness": given["burstiness"]}
+            for key, set_ in {**fixed, "ramp_up": sc.ramp_up > 0}.items():
+                if set_:
+                    raise UsageError(
+                        f"{_named(key)} cannot apply to a trace replay: the trace's own "
+                        "timestamps set the arrivals (its 'speed' scales them)"
+                    )
+            if sc.arrival != "poisson":
+                raise UsageError(
+                    "'arrival' (--arrival) cannot apply to a trace replay: the trace's own "
+                    "timestamps set the arrivals"
+                )
     if sc.burstiness != 1.0 and sc.arrival != "gamma":
         raise UsageError(
             f'{_named("burstiness")} shapes gamma arrivals only (arrival = "gamma"); '
             f"this scenario's arrivals are {sc.arrival!r}"
         )
+    _check_sources(sc)
 
 
 def check_headers(headers: Mapping[str, Any], header_env: Mapping[str, Any]) -> None:
@@ -93,6 +112,12 @@ def check_headers(headers: Mapping[str, Any], header_env: Mapping[str, Any]) -> 
     both = {n.lower() for n in headers} & {n.lower() for n in header_env}
     if both:
         raise UsageError(f"header {sorted(both)[0]!r} is given in both headers and header_env")
+
+
+def _check_sources(sc: Scenario) -> None:
+    """A request comes from one place: a trace row or a dataset row."""
+    if sc.dataset is not None and sc.trace is not None:
+        raise UsageError("give 'dataset' or 'trace', not both: a trace row is its own request")
 
 
 def request_headers(sc: Scenario) -> dict[str, str]:

@@ -18,6 +18,7 @@ from ..errors import UsageError
 from ._checks import request_headers
 from ._datasets import check_fits, load_dataset
 from ._scenario import Scenario
+from ._trace import load_trace
 
 __all__ = ["add_request_arguments", "finish_scenario", "request_overrides"]
 
@@ -52,6 +53,10 @@ def add_request_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--dataset-field", metavar="NAME", help="the dataset's key or column")
     p.add_argument("--dataset-sample", choices=("random", "sequential"), help="how rows are drawn")
+    p.add_argument(
+        "--trace", metavar="PATH", help="replay a request log (.jsonl/.csv) at its instants"
+    )
+    p.add_argument("--speed", type=float, metavar="X", help="trace replay speed (2: twice as fast)")
 
 
 #: Flags added to the scenario's own tables rather than replacing them.
@@ -78,6 +83,10 @@ def _flags(args: argparse.Namespace) -> dict[str, Any]:
         out["model"] = args.model
     if args.max_in_flight is not None:
         out["max_in_flight"] = args.max_in_flight
+    if args.trace is not None:  # a trace is an open loop: its instants are the schedule
+        out["trace"] = {"path": str(Path(args.trace).absolute())}
+        if args.mode is None:
+            out["mode"] = "open"
     headers: dict[str, str] = {}
     for text in args.header:
         name, sep, value = text.partition(":")
@@ -122,13 +131,19 @@ def finish_scenario(sc: Scenario, args: argparse.Namespace) -> Scenario:
         if sc.dataset is None and "path" not in dataset:
             raise UsageError("--dataset-field and --dataset-sample need --dataset PATH")
         given["dataset"] = dataset
-    keys = [k for k in (*_MERGED, "dataset") if k in given]
+    if args.speed is not None:
+        if sc.trace is None:
+            raise UsageError("--speed applies to a trace replay (--trace PATH or trace = {...})")
+        given["trace"] = {"speed": args.speed}
+    keys = [k for k in (*_MERGED, "dataset", "trace") if k in given]
     merged = {k: {**(getattr(sc, k) or {}), **given[k]} for k in keys}
     if merged:
         sc = sc.replace(**merged)
     request_headers(sc)  # an unset variable is an error now, before anything runs
     if sc.dataset is not None:  # so is a bad dataset
         check_fits(load_dataset(sc.dataset), sc)
+    if sc.trace is not None:  # or trace
+        load_trace(sc.trace)
     if sc.mode == "open" and args.concurrency is not None:
         raise UsageError(
             "'concurrency' (--concurrency) applies only to a closed loop (mode = \"closed\"): "

@@ -32,9 +32,10 @@ from ..metrics import MetricSeries, Scraper
 from ..timeline import Waterfall
 from ._checks import request_headers
 from ._datasets import Dataset, Sample, check_fits, load_dataset, sample_body
-from ._dists import arrival_gaps
+from ._dists import arrival_gaps, synthetic_prompt
 from ._monitor import ClientHealth, LoopMonitor, Pacer
 from ._scenario import Scenario, Template
+from ._trace import TraceRow, load_trace
 
 __all__ = ["Hook", "RowSink", "RunResult", "run", "sweep"]
 
@@ -122,9 +123,10 @@ class _Run:
         on_row: RowSink | None = None,
         stop: asyncio.Event | None = None,
         dataset: Dataset | None = None,
+        trace: list[TraceRow] | None = None,
     ) -> None:
         self.sc, self.ws, self.client = sc, ws, client
-        self.dataset = dataset
+        self.dataset, self.trace = dataset, trace
         self.by_name = {t.name: t for t in sc.templates}
         self.on_row, self.stop = on_row, stop
         self.rng = random.Random(sc.seed)
@@ -142,9 +144,11 @@ class _Run:
 
     def next_request(self) -> _Claim | None:
         """Claim the next request (None once the count bound is reached)."""
-        if self.full():
+        if self.full() or (self.trace is not None and self.issued >= len(self.trace)):
             return None
         self.issued += 1
+        if self.trace is not None:
+            return self._trace_claim(self.trace[self.issued - 1])
         if self.dataset is None:
             template = self.sc.pick(self.rng)
             body, length = self.sc.body(template, self.rng, self.issued - 1)
@@ -157,6 +161,15 @@ class _Run:
             template = self.by_name.get(s.klass) or Template(name=s.klass)
         body = sample_body(self.sc, template, s.messages, s.max_tokens)
         return _Claim(template, body, -1, s, s.tag)
+
+    def _trace_claim(self, row: TraceRow) -> _Claim:
+        template = self.sc.templates[0] if len(self.sc.templates) == 1 else self.sc.pick(self.rng)
+        text = row.prompt
+        if text is None:  # a length only: filler words, rotated so prompts differ
+            text = synthetic_prompt(row.input_tokens or 1, offset=self.issued - 1)
+        messages = [{"role": "user", "content": text}]
+        body = sample_body(self.sc, template, messages, row.output_tokens)
+        return _Claim(template, body, row.input_tokens or -1, None, row.tag)
 
     def next_turn(self, claim: _Claim, turn: int, history: list[dict[str, Any]]) -> _Claim | None:
         """Claim turn ``turn`` (from 1) of a conversation sent with ``history`` (None once a
@@ -201,7 +214,11 @@ async def _send(
 
 # -- open loop ---------------------------------------------------------------------------------
 def _schedule(run: _Run) -> Iterator[int]:
-    """Intended start instants (perf ns), with a linear rate ramp over ``ramp_up``."""
+    """Intended start instants (perf ns), with a linear rate ramp over ``ramp_up``; a trace's
+    own instants (already divided by its speed) from t0."""
+    if run.trace is not None:
+        yield from (run.t0 + row.offset_ns for row in run.trace)
+        return
     sc = run.sc
     gaps = arrival_gaps(sc.arrival, sc.rate or 1.0, run.rng, sc.burstiness)
     t = float(run.t0)
@@ -341,6 +358,7 @@ async def run(
     dataset = None if scenario.dataset is None else load_dataset(scenario.dataset)
     if dataset is not None:
         check_fits(dataset, scenario)
+    trace = None if scenario.trace is None else load_trace(scenario.trace)
     meta = {
         "scenario": scenario.to_dict(),
         "fingerprint": fingerprint(scenario.url, scenario=None, rtt_samples=rtt_samples),
@@ -354,7 +372,7 @@ async def run(
         headers=sent,
     )
     pacer = Pacer() if scenario.mode == "open" else None
-    r = _Run(scenario, ws, client, worker, step, progress, on_row, stop, dataset)
+    r = _Run(scenario, ws, client, worker, step, progress, on_row, stop, dataset, trace)
     started = scraper is not None and not scraper.running
     if scraper is not None and started:
         await scraper.start()

@@ -117,6 +117,8 @@ class Scenario:
         body_extra: JSON fields merged into every request body (a template's ``body`` goes
             on top of them).
         dataset: prompts from a file (see :mod:`latency_analyzer.load._datasets`).
+        trace: a request log replayed at its own instants (an open loop; see
+            :mod:`latency_analyzer.load._trace`).
     """
 
     url: str
@@ -144,6 +146,7 @@ class Scenario:
     header_env: Mapping[str, str] = field(default_factory=dict)
     body_extra: Mapping[str, Any] = field(default_factory=dict)
     dataset: Mapping[str, Any] | None = None
+    trace: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in _MODES:
@@ -152,11 +155,12 @@ class Scenario:
             raise UsageError(f"api must be one of {_APIS}, got {self.api!r}")
         if self.arrival not in ARRIVALS:
             raise UsageError(f"arrival must be one of {ARRIVALS}, got {self.arrival!r}")
-        if self.duration is None and self.requests is None:
+        if self.duration is None and self.requests is None and self.trace is None:
             raise UsageError("give duration=, requests= or both")
         check_modes(self)
         check_headers(self.headers, self.header_env)
-        if self.mode == "open" and self.arrival != "burst" and not (self.rate or 0) > 0:
+        timed = self.trace is None and self.arrival != "burst"  # a trace is its own schedule
+        if self.mode == "open" and timed and not (self.rate or 0) > 0:
             raise UsageError("an open loop needs rate > 0 (or arrival='burst')")
         if self.mode == "open" and self.arrival == "burst" and self.requests is None:
             raise UsageError("a burst needs requests=")
@@ -192,6 +196,7 @@ class Scenario:
         out["header_env"] = dict(self.header_env)
         out["body_extra"] = dict(self.body_extra)
         out["dataset"] = None if self.dataset is None else dict(self.dataset)
+        out["trace"] = None if self.trace is None else dict(self.trace)
         return out
 
     def replace(self, **changes: Any) -> Scenario:

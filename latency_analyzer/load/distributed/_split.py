@@ -42,8 +42,8 @@ def split_scenario(sc: Scenario, workers: int) -> list[Scenario]:
         raise UsageError("workers must be >= 1")
     if workers > 1 and _in_order(sc):
         raise UsageError(
-            "a dataset sampled in order runs in one process (workers would each send it "
-            'from the start); use sample = "random" to share it out'
+            "a trace, or a dataset sampled in order, runs in one process (workers would "
+            'each send it from the start); a dataset with sample = "random" can be shared'
         )
     if sc.mode == "closed" and sc.concurrency < workers:
         raise UsageError(f"{sc.concurrency} users cannot be shared by {workers} workers")
@@ -54,7 +54,8 @@ def split_scenario(sc: Scenario, workers: int) -> list[Scenario]:
 
 def _in_order(sc: Scenario) -> bool:
     """The scenario sends rows of a file in their order: one sequence, one process."""
-    return sc.dataset is not None and sc.dataset.get("sample") == "sequential"
+    in_order = sc.dataset is not None and sc.dataset.get("sample") == "sequential"
+    return in_order or sc.trace is not None
 
 
 def _part(sc: Scenario, n: int, i: int) -> Scenario:
