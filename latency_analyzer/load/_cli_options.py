@@ -18,6 +18,7 @@ from ..errors import UsageError
 from ._checks import request_headers
 from ._datasets import check_fits, load_dataset
 from ._scenario import Scenario
+from ._slo import Slo, parse_slos
 from ._trace import load_trace
 
 __all__ = ["add_request_arguments", "finish_scenario", "request_overrides"]
@@ -57,6 +58,20 @@ def add_request_arguments(p: argparse.ArgumentParser) -> None:
         "--trace", metavar="PATH", help="replay a request log (.jsonl/.csv) at its instants"
     )
     p.add_argument("--speed", type=float, metavar="X", help="trace replay speed (2: twice as fast)")
+    p.add_argument(
+        "--slo",
+        type=_slos,
+        metavar="KEY=DURATION,...",
+        help="objectives checked after the run, with goodput (requests meeting every one per "
+        "second), e.g. ttft_p95=800ms,tpot_p99=50ms (the pytest budgets' keys)",
+    )
+
+
+def _slos(text: str) -> list[Slo]:
+    try:
+        return parse_slos(text)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 #: Flags added to the scenario's own tables rather than replacing them.

@@ -23,6 +23,7 @@ from ._presets import PRESETS, length_buckets, preset_scenario, run_fault_inject
 from ._progress import ProgressLine
 from ._runner import Progress, RunResult, run
 from ._scenario import Scenario, load_scenario
+from ._slo import slo_report
 from .distributed import auto_workers, run_ray_sync, run_workers_sync
 
 __all__ = ["add_compare_parser", "add_run_parser", "cmd_compare", "cmd_run"]
@@ -163,6 +164,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             k: {**v, "ttft_p99": v["ttft_p99"].value, "e2e_p99": v["e2e_p99"].value}
             for k, v in length_buckets(result.set).items()
         }
+    if args.slo:  # the SLO lines join the summary's notes; --json gets them as a table
+        report = slo_report(result.set, args.slo)
+        result.notes.extend(report.lines())
+        if args.json:
+            extra["slo"] = report.to_dict()
     _print_run(result, args, extra)
     return 0 if result.set.counts()["errors"] == 0 else 1
 
