@@ -9,6 +9,7 @@ Header values may be secrets: no message here echoes one.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Mapping
@@ -24,6 +25,7 @@ __all__ = ["check_headers", "check_modes", "flag_name", "request_headers"]
 # RFC 9110 field names: a token
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 def flag_name(key: str) -> str:
@@ -104,10 +106,10 @@ def check_headers(headers: Mapping[str, Any], header_env: Mapping[str, Any]) -> 
                 raise UsageError(f"scenario key {key!r}: header {name!r} needs a string value")
             if key == "headers" and ("\r" in value or "\n" in value):
                 raise UsageError(f"scenario key 'headers': header {name!r} holds a line break")
-            if key == "header_env" and not _ENV_NAME.fullmatch(value):
+            if key == "header_env" and not _env_names(value):
                 raise UsageError(
-                    f"scenario key 'header_env': header {name!r}: {value!r} is not an "
-                    "environment variable name"
+                    f"scenario key 'header_env': header {name!r}: {value!r} is neither an "
+                    "environment variable's name nor text with ${NAME} in it"
                 )
     both = {n.lower() for n in headers} & {n.lower() for n in header_env}
     if both:
@@ -120,22 +122,43 @@ def _check_sources(sc: Scenario) -> None:
         raise UsageError("give 'dataset' or 'trace', not both: a trace row is its own request")
 
 
+def _env_names(value: str) -> list[str]:
+    """The variables a ``header_env`` value reads: itself, or each ``${NAME}`` in it."""
+    if _ENV_NAME.fullmatch(value):
+        return [value]
+    if "\r" in value or "\n" in value:
+        return []
+    return _REFERENCE.findall(value)
+
+
+def _value_of(values: Mapping[str, str], match: re.Match[str]) -> str:
+    return values[match.group(1)]
+
+
 def request_headers(sc: Scenario) -> dict[str, str]:
-    """The scenario's headers, ``header_env`` ones read from the environment now.
+    """The scenario's headers, ``header_env`` ones read from the environment now: a value
+    that is a variable's name is that variable's text; ``"Bearer ${OPENAI_API_KEY}"`` puts
+    the variable's text in its place.
 
     Raises:
         UsageError: an environment variable ``header_env`` names is not set (or holds a line
             break).
     """
     out = dict(sc.headers)
-    for name, var in sc.header_env.items():
-        value = os.environ.get(var)
-        if value is None:
-            raise UsageError(
-                f"header_env: header {name!r} is read from the environment variable {var}, "
-                "which is not set"
-            )
-        if "\r" in value or "\n" in value:
-            raise UsageError(f"header_env: the environment variable {var} holds a line break")
-        out[name] = value
+    for name, spec in sc.header_env.items():
+        values = {}
+        for var in _env_names(spec):
+            value = os.environ.get(var)
+            if value is None:
+                raise UsageError(
+                    f"header_env: header {name!r} is read from the environment variable "
+                    f"{var}, which is not set"
+                )
+            if "\r" in value or "\n" in value:
+                raise UsageError(f"header_env: the environment variable {var} holds a line break")
+            values[var] = value
+        if _ENV_NAME.fullmatch(spec):
+            out[name] = values[spec]
+        else:
+            out[name] = _REFERENCE.sub(functools.partial(_value_of, values), spec)
     return out

@@ -27,6 +27,7 @@ data row (from 1), or the ``.txt`` file's name; a conversation's turn *k* adds `
 from __future__ import annotations
 
 import csv
+import io
 import json
 import random
 from collections.abc import Mapping, MutableMapping, Sequence
@@ -196,7 +197,7 @@ def _read_jsonl(p: Path, opts: Mapping[str, str | None]) -> list[Sample]:
 
 def _read_csv(p: Path, opts: Mapping[str, str | None]) -> list[Sample]:
     key = opts["field"] or "prompt"
-    reader = csv.DictReader(_text(p).splitlines())
+    reader = csv.DictReader(io.StringIO(_text(p), newline=""))
     columns = reader.fieldnames or []
     for name in (key, opts["class_field"], opts["max_tokens_field"]):
         if name is not None and name not in columns:

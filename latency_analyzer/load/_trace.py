@@ -23,6 +23,7 @@ Each request's ``sample`` tag is its line (JSONL) or data row (CSV), from 1.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 from collections.abc import Mapping
@@ -120,7 +121,7 @@ def _rows(p: Path) -> list[tuple[str, str, Mapping[str, Any]]]:
     except UnicodeDecodeError:
         raise UsageError(f"trace {p}: not UTF-8 text") from None
     if p.suffix == ".csv":
-        reader = csv.DictReader(text.splitlines())
+        reader = csv.DictReader(io.StringIO(text, newline=""))
         return [(str(n), f"trace {p}, row {n}", row) for n, row in enumerate(reader, 1)]
     if p.suffix != ".jsonl":
         raise UsageError(f"trace {p}: expected a .jsonl or a .csv file")
