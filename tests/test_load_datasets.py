@@ -214,3 +214,25 @@ def test_a_dataset_in_order_is_not_split_over_workers() -> None:
     with pytest.raises(UsageError, match="in order"):
         split_scenario(sc, 2)
     assert splittable(sc.replace(dataset={**spec, "sample": "random"}), 4) == 2
+
+
+def test_a_random_dataset_over_worker_processes_keeps_each_rows_tag(tmp_path: Path) -> None:
+    prompts = [f"prompt number {i}" for i in range(5)]
+    data = _write_jsonl(tmp_path / "p.jsonl", [{"prompt": p} for p in prompts])
+    out = tmp_path / "run.jsonl"
+    with LLMServer(tokens=1, record_requests=True).run_in_subprocess() as s:
+        sc = Scenario(s.url + CHAT, requests=10, concurrency=2, dataset={"path": str(data)})
+        result = run_sync(sc, workers=2, path=out, rtt_samples=0)
+        sent = sorted((r.body or {})["messages"][0]["content"] for r in s.records)
+    assert result.issued == 10
+    tags = _tags(out)
+    assert {t["worker"] for t in tags} == {0, 1}
+    assert sorted(prompts[int(t["sample"]) - 1] for t in tags) == sent  # tag = the row sent
+
+
+def test_synthetic_lengths_cannot_apply_with_a_dataset() -> None:
+    synthetic = Template("t", prompt_tokens=dist(10))
+    with pytest.raises(UsageError, match="'prompt_tokens' cannot apply with a dataset"):
+        Scenario("http://x/", requests=1, dataset={"path": "p.jsonl"}, templates=(synthetic,))
+    with pytest.raises(UsageError, match="with a trace"):
+        Scenario("http://x/", mode="open", trace={"path": "t.jsonl"}, templates=(synthetic,))

@@ -117,9 +117,17 @@ def check_headers(headers: Mapping[str, Any], header_env: Mapping[str, Any]) -> 
 
 
 def _check_sources(sc: Scenario) -> None:
-    """A request comes from one place: a trace row or a dataset row."""
+    """A request comes from one place: a trace row, a dataset row or a template's synthetic
+    prompt."""
     if sc.dataset is not None and sc.trace is not None:
         raise UsageError("give 'dataset' or 'trace', not both: a trace row is its own request")
+    source = "dataset" if sc.dataset is not None else "trace" if sc.trace is not None else None
+    synthetic = [t.name for t in sc.templates if t.prompt_tokens is not None]
+    if source is not None and synthetic:
+        raise UsageError(
+            f"template {synthetic[0]!r}: 'prompt_tokens' cannot apply with a {source}, whose "
+            "rows are the prompts; leave it out (max_tokens and body still apply)"
+        )
 
 
 def _env_names(value: str) -> list[str]:
