@@ -65,11 +65,6 @@ class Sample:
     turns: tuple[str, ...] = ()
     max_tokens: int | None = None
 
-    @property
-    def prompt(self) -> str:
-        """The text of a single-prompt row (the ``completions`` API's ``prompt``)."""
-        return str(self.messages[-1]["content"])
-
 
 @dataclass
 class Dataset:
