@@ -101,8 +101,10 @@ def test_bad_flags_and_presets_from_python_are_usage_errors() -> None:
     with pytest.raises(UsageError, match="unknown scenario key 'bogus'"):
         long_tail("http://x/", bogus=1)
     # the values are still taken as they were
-    sc = Scenario.from_dict({"url": "http://x/", "requests": 1, "rate": 2, "think_time": 0.5})
-    assert sc.rate == 2 and sc.think_time is not None and sc.think_time.params == (0.5,)
+    sc = Scenario.from_dict({"url": "http://x/", "requests": 1, "mode": "open", "rate": 2})
+    assert sc.rate == 2
+    sc = Scenario.from_dict({"url": "http://x/", "requests": 1, "think_time": 0.5})
+    assert sc.think_time is not None and sc.think_time.params == (0.5,)
 
 
 async def _metrics_app(charset: str) -> web.AppRunner:

@@ -60,10 +60,11 @@ def test_open_loop_rate_is_split_with_independent_seeds() -> None:
 
 
 def test_closed_loop_users_are_shared_out() -> None:
-    sc = Scenario(URL, mode="closed", concurrency=7, duration=5, max_in_flight=3)
+    sc = Scenario(URL, mode="closed", concurrency=7, duration=5)
     parts = split_scenario(sc, 3)
     assert [p.concurrency for p in parts] == [3, 2, 2]
-    assert [p.max_in_flight for p in parts] == [1, 1, 1]
+    capped = Scenario(URL, mode="open", rate=9, duration=5, max_in_flight=3)
+    assert [p.max_in_flight for p in split_scenario(capped, 3)] == [1, 1, 1]
     with pytest.raises(UsageError, match="users"):
         split_scenario(sc, 8)
     with pytest.raises(UsageError, match="requests"):

@@ -70,9 +70,13 @@ class Tags:
     worker: int = 0
     step: int = 0
     warmup: bool = False
+    sample: str | None = None  # the dataset row or trace line the request was built from
 
     def to_dict(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+        out = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        if self.sample is None:
+            del out["sample"]  # rows of synthetic prompts keep their old shape
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Tags:

@@ -159,6 +159,8 @@ class ResponseConsumer:
                     is_reasoning = bool(ev.reasoning) and not ev.content
                     known = self._tokens.delta(ev.completion_tokens) if per_chunk_usage else None
                     rec.chunk(ev.time_ns, weight, known, is_reasoning)
+                    if state.answer is not None and ev.content:
+                        state.answer.append(ev.content)
                 elif ev.empty_token:
                     rec.empty_chunk(ev.time_ns)
             elif isinstance(ev, UsageReceived):

@@ -34,6 +34,7 @@ class RequestState:
 
     __slots__ = (
         "alpn_settled",
+        "answer",
         "body_end_ns",
         "h2_mode",
         "h2_open",
@@ -60,6 +61,8 @@ class RequestState:
         # the response's Location header as sent (it may carry a signed query): followed by
         # the client when asked, never recorded unredacted
         self.location: str | None = None
+        # the answer's text pieces, collected when the caller asked for them (a chat turn)
+        self.answer: list[str] | None = None
 
     def begin(self, stage: str, t_ns: int, **attrs: AttrValue) -> None:
         self.recorder.begin(stage, t_ns, **attrs)

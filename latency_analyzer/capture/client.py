@@ -199,6 +199,7 @@ class Client:
         timeout: float | None = None,
         intended_start_ns: int | None = None,
         on_cancel: Callable[[Waterfall], None] | None = None,
+        answer: list[str] | None = None,
     ) -> Waterfall:
         """Send one request and return its waterfall (never raises for network errors).
 
@@ -207,6 +208,9 @@ class Client:
         the delay until now becomes ``schedule_lag``. If the request is cancelled, ``on_cancel``
         (when given) gets its waterfall so far, ``error_type="cancelled"``, with every stage
         that happened (open ones end at the cancellation); the cancellation still propagates.
+        ``answer``: a list the answer's text (an OpenAI response's ``content``, as it
+        arrives) is appended to, e.g. for the next turn of a conversation; it is not kept on
+        the waterfall.
         """
         self._check_usable()
         method = method or ("POST" if json is not None or data is not None else "GET")
@@ -215,7 +219,7 @@ class Client:
         # echoed back in errors or bodies, these values are masked; noted before the clock
         # starts, so the bookkeeping is not part of the request's time
         remember_request(hop.url, sent)
-        wf, location = await self._hop(hop, timeout, intended_start_ns, now_ns(), on_cancel)
+        wf, location = await self._hop(hop, timeout, intended_start_ns, now_ns(), on_cancel, answer)
         before: list[Waterfall] = []
         while self.follow_redirects and (nxt := next_hop(hop, wf.status, location)) is not None:
             before.append(wf)
@@ -224,7 +228,7 @@ class Client:
                 break
             hop = nxt
             remember_request(hop.url, hop.headers)
-            wf, location = await self._hop(hop, timeout, None, now_ns(), on_cancel)
+            wf, location = await self._hop(hop, timeout, None, now_ns(), on_cancel, answer)
         return with_chain(wf, before)
 
     async def _hop(
@@ -234,6 +238,7 @@ class Client:
         intended_start_ns: int | None,
         start: int,
         on_cancel: Callable[[Waterfall], None] | None,
+        answer: list[str] | None = None,
     ) -> tuple[Waterfall, str | None]:
         """One request: its waterfall and the ``Location`` it answered with, if any."""
         method, full, json, data, sent = hop.method, hop.url, hop.json, hop.data, dict(hop.headers)
@@ -242,6 +247,7 @@ class Client:
             method, redact_url(full), start_ns=start, intended_start_ns=intended_start_ns
         )
         state = RequestState(recorder, self._trace)
+        state.answer = answer
         context = inject(sent)  # W3C traceparent: how server spans find this request
         recorder.attributes.update({"trace_id": context.trace_id, "span_id": context.span_id})
         if context.parent_span_id:

@@ -39,6 +39,10 @@ LENGTH_EDGES = (1024, 4096, 16384, 65536, 131072)
 
 def _scenario(defaults: Mapping[str, Any], overrides: Mapping[str, Any]) -> Scenario:
     # checked as a file is: an unknown or mistyped override is a UsageError naming its key
+    mode = overrides.get("mode", defaults.get("mode"))
+    if mode != defaults.get("mode"):  # the preset's keys of its own loop do not carry over
+        drop = ("concurrency",) if mode == "open" else ("rate", "arrival", "max_in_flight")
+        defaults = {k: v for k, v in defaults.items() if k not in drop}
     return Scenario.from_dict({**defaults, **overrides})
 
 

@@ -68,7 +68,8 @@ class ProgressLine:
         else:
             parts.append(f"{_clock(elapsed)} elapsed")
         if self.sc.mode == "open" and elapsed > 0:
-            parts.append(f"{done / elapsed:.1f} req/s (offered {self.sc.rate or 0:g}/s)")
+            offered = "" if self.sc.rate is None else f" (offered {self.sc.rate:g}/s)"
+            parts.append(f"{done / elapsed:.1f} req/s{offered}")  # a trace has no one rate
         return " · ".join(parts)
 
     def __call__(self, done: int, total: int | None) -> None:

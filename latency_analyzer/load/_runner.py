@@ -36,9 +36,12 @@ from ..errors import UsageError
 from ..metrics import MetricSeries, Scraper
 from ..server.store import SpanStore
 from ..timeline import Recorder, Waterfall
-from ._dists import arrival_gaps
+from ._checks import request_headers
+from ._datasets import Dataset, Sample, check_fits, load_dataset, sample_body
+from ._dists import arrival_gaps, synthetic_prompt
 from ._monitor import ClientHealth, LoopMonitor, Pacer
 from ._scenario import Scenario, Template
+from ._trace import TraceRow, load_trace
 
 __all__ = ["Hook", "RowSink", "RunResult", "run", "sweep"]
 
@@ -105,6 +108,17 @@ class RunResult:
         }
 
 
+@dataclass
+class _Claim:
+    """One request to send: its template, body and what it was built from."""
+
+    template: Template
+    body: dict[str, Any]
+    length: int = -1  # synthetic prompt length (-1: not synthetic)
+    sample: Sample | None = None  # the dataset row, if any
+    tag: str | None = None  # the row (and turn) as stored in the ``sample`` tag
+
+
 class _Run:
     """State shared by the tasks of one run."""
 
@@ -118,8 +132,12 @@ class _Run:
         progress: Progress | None,
         on_row: RowSink | None = None,
         stop: asyncio.Event | None = None,
+        dataset: Dataset | None = None,
+        trace: list[TraceRow] | None = None,
     ) -> None:
         self.sc, self.ws, self.client = sc, ws, client
+        self.dataset, self.trace = dataset, trace
+        self.by_name = {t.name: t for t in sc.templates}
         self.on_row, self.stop = on_row, stop
         self.rng = random.Random(sc.seed)
         self.worker, self.step = worker, step
@@ -130,21 +148,56 @@ class _Run:
         self.t0 = 0
         self.issue_end_ns = 0
 
-    def next_request(self) -> tuple[Template, dict[str, Any], int] | None:
+    def full(self) -> bool:
+        """The count bound is reached."""
+        return self.sc.requests is not None and self.issued >= self.sc.requests
+
+    def next_request(self) -> _Claim | None:
         """Claim the next request (None once the count bound is reached)."""
-        if self.sc.requests is not None and self.issued >= self.sc.requests:
+        if self.full() or (self.trace is not None and self.issued >= len(self.trace)):
             return None
-        template = self.sc.pick(self.rng)
-        body, length = self.sc.body(template, self.rng, self.issued)
         self.issued += 1
-        return template, body, length
+        if self.trace is not None:
+            return self._trace_claim(self.trace[self.issued - 1])
+        if self.dataset is None:
+            template = self.sc.pick(self.rng)
+            body, length = self.sc.body(template, self.rng, self.issued - 1)
+            return _Claim(template, body, length)
+        s = self.dataset.draw(self.rng)
+        if s.klass is None:  # one template: the draw alone consumes the seeded stream
+            one = len(self.sc.templates) == 1
+            template = self.sc.templates[0] if one else self.sc.pick(self.rng)
+        else:  # a class is its template's name; a class without a template gets a bare one
+            template = self.by_name.get(s.klass) or Template(name=s.klass)
+        body = sample_body(self.sc, template, s.messages, s.max_tokens)
+        return _Claim(template, body, -1, s, s.tag)
+
+    def _trace_claim(self, row: TraceRow) -> _Claim:
+        template = self.sc.templates[0] if len(self.sc.templates) == 1 else self.sc.pick(self.rng)
+        text = row.prompt
+        if text is None:  # a length only: filler words, rotated so prompts differ
+            text = synthetic_prompt(row.input_tokens or 1, offset=self.issued - 1)
+        messages = [{"role": "user", "content": text}]
+        body = sample_body(self.sc, template, messages, row.output_tokens)
+        return _Claim(template, body, row.input_tokens or -1, None, row.tag)
+
+    def next_turn(self, claim: _Claim, turn: int, history: list[dict[str, Any]]) -> _Claim | None:
+        """Claim turn ``turn`` (from 1) of a conversation sent with ``history`` (None once a
+        bound is reached)."""
+        if self.full() or self.past_deadline(time.perf_counter_ns()):
+            return None
+        self.issued += 1
+        assert claim.sample is not None
+        body = sample_body(self.sc, claim.template, history, claim.sample.max_tokens)
+        return _Claim(claim.template, body, -1, claim.sample, f"{claim.tag}#{turn}")
 
     def warm(self, index: int, start_ns: int) -> bool:
         sc = self.sc
         return index < sc.warmup_requests or start_ns < self.t0 + round(sc.warmup_seconds * 1e9)
 
-    def store(self, wf: Waterfall, template: Template, length: int, warmup: bool) -> None:
-        tags = Tags(self.sc.name, template.name, length, self.worker, self.step, warmup)
+    def store(self, wf: Waterfall, claim: _Claim, warmup: bool) -> None:
+        name, length = claim.template.name, claim.length
+        tags = Tags(self.sc.name, name, length, self.worker, self.step, warmup, claim.tag)
         self.ws.add(wf, tags)
         self.stored += 1
         if wf.tls is not None and wf.tls.version:
@@ -166,9 +219,10 @@ async def _send(
     body: dict[str, Any],
     intended: int | None,
     on_cancel: Callable[[Waterfall], None],
+    answer: list[str] | None = None,
 ) -> Waterfall:
     return await run.client.request(
-        run.sc.url, json=body, intended_start_ns=intended, on_cancel=on_cancel
+        run.sc.url, json=body, intended_start_ns=intended, on_cancel=on_cancel, answer=answer
     )
 
 
@@ -182,7 +236,11 @@ def _unsent(run: _Run, intended: int) -> Waterfall:
 
 # -- open loop ---------------------------------------------------------------------------------
 def _schedule(run: _Run) -> Iterator[int]:
-    """Intended start instants (perf ns), with a linear rate ramp over ``ramp_up``."""
+    """Intended start instants (perf ns), with a linear rate ramp over ``ramp_up``; a trace's
+    own instants (already divided by its speed) from t0."""
+    if run.trace is not None:
+        yield from (run.t0 + row.offset_ns for row in run.trace)
+        return
     sc = run.sc
     gaps = arrival_gaps(sc.arrival, sc.rate or 1.0, run.rng, sc.burstiness)
     t = float(run.t0)
@@ -199,9 +257,7 @@ def _schedule(run: _Run) -> Iterator[int]:
 async def _open_request(
     run: _Run,
     slots: asyncio.Semaphore | None,
-    template: Template,
-    body: dict[str, Any],
-    length: int,
+    claim: _Claim,
     intended: int,
     index: int,
 ) -> None:
@@ -209,19 +265,19 @@ async def _open_request(
 
     def cancelled(wf: Waterfall) -> None:
         stored.append(True)
-        run.store(wf, template, length, run.warm(index, intended))
+        run.store(wf, claim, run.warm(index, intended))
 
     try:
         if slots is None:
-            wf = await _send(run, body, intended, cancelled)
+            wf = await _send(run, claim.body, intended, cancelled)
         else:
             async with slots:  # the wait for a slot stays inside schedule_lag: never hidden
-                wf = await _send(run, body, intended, cancelled)
+                wf = await _send(run, claim.body, intended, cancelled)
     except asyncio.CancelledError:
         if not stored:
             cancelled(_unsent(run, intended))
         raise
-    run.store(wf, template, length, run.warm(index, intended))
+    run.store(wf, claim, run.warm(index, intended))
 
 
 async def _open_loop(run: _Run, pacer: Pacer) -> None:
@@ -241,7 +297,7 @@ async def _open_loop(run: _Run, pacer: Pacer) -> None:
             except asyncio.CancelledError:
                 run.issued -= 1  # claimed, never started: not issued
                 raise
-            task = asyncio.create_task(_open_request(run, slots, *claimed, intended, index))
+            task = asyncio.create_task(_open_request(run, slots, claimed, intended, index))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
             run.issue_end_ns = intended
@@ -268,17 +324,44 @@ async def _user(run: _Run, user: int) -> None:
         claimed = run.next_request()
         if claimed is None:
             return
-        template, body, length = claimed
+        turns = () if claimed.sample is None else claimed.sample.turns
+        answer: list[str] | None = [] if turns else None
 
-        def cancelled(
-            wf: Waterfall, t: Template = template, n: int = length, i: int = index
-        ) -> None:
-            run.store(wf, t, n, run.warm(i, wf.start_ns))
+        def cancelled(wf: Waterfall, c: _Claim = claimed, i: int = index) -> None:
+            run.store(wf, c, run.warm(i, wf.start_ns))
 
-        wf = await _send(run, body, None, cancelled)
-        run.store(wf, template, length, run.warm(index, wf.start_ns))
+        wf = await _send(run, claimed.body, None, cancelled, answer)
+        run.store(wf, claimed, run.warm(index, wf.start_ns))
+        if turns and answer is not None and wf.ok:
+            await _conversation(run, claimed, answer)
         if sc.think_time is not None:
             await asyncio.sleep(sc.think_time.sample(run.rng))
+
+
+async def _conversation(run: _Run, first: _Claim, answer: list[str]) -> None:
+    """The turns after a conversation's first: each after the previous answer and a think
+    time, with the conversation so far (the answers' streamed text included), as a chat
+    client sends it. A failed turn ends the conversation (a user has no answer to go on)."""
+    assert first.sample is not None
+    history: list[dict[str, Any]] = [dict(m) for m in first.sample.messages]
+    for k, text in enumerate(first.sample.turns, 1):
+        if run.sc.think_time is not None:
+            await asyncio.sleep(run.sc.think_time.sample(run.rng))
+        history.append({"role": "assistant", "content": "".join(answer)})
+        history.append({"role": "user", "content": text})
+        index = run.issued
+        claim = run.next_turn(first, k, history)
+        if claim is None:
+            return
+        answer = []
+
+        def cancelled(wf: Waterfall, c: _Claim = claim, i: int = index) -> None:
+            run.store(wf, c, run.warm(i, wf.start_ns))
+
+        wf = await _send(run, claim.body, None, cancelled, answer)
+        run.store(wf, claim, run.warm(index, wf.start_ns))
+        if not wf.ok:
+            return
 
 
 async def _closed_loop(run: _Run) -> None:
@@ -311,7 +394,8 @@ async def run(
         path: stream the set to this JSONL file as the run goes (None: memory only).
         worker, step: tags for merged multi-process sets and sweep steps.
         hooks: coroutines started with the run's t0 (``perf_counter_ns``), e.g. an outage.
-        headers: sent with every request (e.g. Authorization); never stored.
+        headers: sent with every request (e.g. Authorization), on top of the scenario's
+            ``headers`` and ``header_env``; never stored.
         progress: called as ``progress(stored, total_or_None)`` after each request.
         rtt_samples: TCP connects for the fingerprint's base RTT (0: skip).
         scraper: Prometheus endpoints scraped during the run; started (first scrape done)
@@ -324,6 +408,11 @@ async def run(
         spans: the span store the run's receivers feed: what it evicts or refuses during the
             run (over its caps) is the result's ``spans_dropped`` and a summary note.
     """
+    sent = {**request_headers(scenario), **(headers or {})}  # an unset variable: before any file
+    dataset = None if scenario.dataset is None else load_dataset(scenario.dataset)
+    if dataset is not None:
+        check_fits(dataset, scenario)
+    trace = None if scenario.trace is None else load_trace(scenario.trace)
     meta = {
         "scenario": scenario.to_dict(),
         "fingerprint": fingerprint(scenario.url, scenario=None, rtt_samples=rtt_samples),
@@ -334,10 +423,10 @@ async def run(
         limit=limit,
         keepalive=not scenario.new_connections,
         timeout=scenario.timeout,
-        headers=headers,
+        headers=sent,
     )
     pacer = Pacer() if scenario.mode == "open" else None
-    r = _Run(scenario, ws, client, worker, step, progress, on_row, stop)
+    r = _Run(scenario, ws, client, worker, step, progress, on_row, stop, dataset, trace)
     started = scraper is not None and not scraper.running
     if scraper is not None and started:
         await scraper.start()

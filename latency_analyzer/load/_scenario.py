@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
+from ._checks import check_headers, check_modes
+from ._datasets import resolve_paths
 from ._dists import ARRIVALS, Dist, dist, synthetic_prompt
 
 if sys.version_info >= (3, 11):
@@ -108,6 +110,15 @@ class Scenario:
         new_connections: a new connection for every request (no keep-alive).
         timeout: seconds per request.
         seed: for the mix, prompt lengths, think times and arrivals.
+        headers: sent with every request (e.g. ``Authorization``). Never stored: the run
+            file's scenario lists their names only.
+        header_env: header name → environment variable its value is read from at run time
+            (``{Authorization = "OPENAI_API_KEY"}`` sends the variable's text as it is).
+        body_extra: JSON fields merged into every request body (a template's ``body`` goes
+            on top of them).
+        dataset: prompts from a file (see :mod:`latency_analyzer.load._datasets`).
+        trace: a request log replayed at its own instants (an open loop; see
+            :mod:`latency_analyzer.load._trace`).
     """
 
     url: str
@@ -131,6 +142,11 @@ class Scenario:
     new_connections: bool = False
     timeout: float = 60.0
     seed: int = 0
+    headers: Mapping[str, str] = field(default_factory=dict, repr=False)
+    header_env: Mapping[str, str] = field(default_factory=dict)
+    body_extra: Mapping[str, Any] = field(default_factory=dict)
+    dataset: Mapping[str, Any] | None = None
+    trace: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in _MODES:
@@ -139,9 +155,12 @@ class Scenario:
             raise UsageError(f"api must be one of {_APIS}, got {self.api!r}")
         if self.arrival not in ARRIVALS:
             raise UsageError(f"arrival must be one of {ARRIVALS}, got {self.arrival!r}")
-        if self.duration is None and self.requests is None:
+        if self.duration is None and self.requests is None and self.trace is None:
             raise UsageError("give duration=, requests= or both")
-        if self.mode == "open" and self.arrival != "burst" and not (self.rate or 0) > 0:
+        check_modes(self)
+        check_headers(self.headers, self.header_env)
+        timed = self.trace is None and self.arrival != "burst"  # a trace is its own schedule
+        if self.mode == "open" and timed and not (self.rate or 0) > 0:
             raise UsageError("an open loop needs rate > 0 (or arrival='burst')")
         if self.mode == "open" and self.arrival == "burst" and self.requests is None:
             raise UsageError("a burst needs requests=")
@@ -159,6 +178,7 @@ class Scenario:
         """
         fields = dict(data)
         fields.pop("sweep", None)
+        fields.pop("header_names", None)  # to_dict's record of the headers sent, not an input
         _check_keys(cls, fields, "scenario")
         if "templates" in fields:
             fields["templates"] = _templates(fields["templates"])
@@ -171,6 +191,12 @@ class Scenario:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         out["templates"] = [t.to_dict() for t in self.templates]
         out["think_time"] = self.think_time.to_spec() if self.think_time else None
+        out["header_names"] = sorted([*self.headers, *self.header_env])
+        del out["headers"]  # values may be secrets
+        out["header_env"] = dict(self.header_env)
+        out["body_extra"] = dict(self.body_extra)
+        out["dataset"] = None if self.dataset is None else dict(self.dataset)
+        out["trace"] = None if self.trace is None else dict(self.trace)
         return out
 
     def replace(self, **changes: Any) -> Scenario:
@@ -199,6 +225,7 @@ class Scenario:
             body["stream_options"] = {"include_usage": True}
         if template.max_tokens is not None:
             body["max_tokens"] = template.max_tokens
+        body.update(self.body_extra)
         body.update(template.body)
         return body, length
 
@@ -311,6 +338,7 @@ def load_scenario(path: str | Path, **overrides: Any) -> tuple[Scenario, dict[st
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"{path}: not valid TOML: {exc}") from None
     try:
+        resolve_paths(data, Path(path).parent)
         return _from_table(data, overrides)
     except UsageError as exc:
         raise UsageError(f"{path}: {exc}") from None

@@ -18,10 +18,12 @@ from typing import Any
 
 from ..analysis import WaterfallSet, check_claim, compare
 from ..metrics import Scraper, Target, summary_text
+from ._cli_options import add_request_arguments, finish_scenario, request_overrides
 from ._presets import PRESETS, length_buckets, preset_scenario, run_fault_injection
 from ._progress import ProgressLine
 from ._runner import Progress, RunResult, run
 from ._scenario import Scenario, load_scenario, scenario_preset
+from ._slo import slo_report
 from .distributed import auto_workers, run_ray_sync, run_workers_sync
 
 __all__ = ["add_compare_parser", "add_run_parser", "cmd_compare", "cmd_run"]
@@ -41,6 +43,7 @@ def add_run_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
     p.add_argument("--requests", type=int, metavar="N")
     p.add_argument("--warmup-seconds", type=float, metavar="SECONDS")
     p.add_argument("--warmup-requests", type=int, metavar="N")
+    add_request_arguments(p)
     p.add_argument("--out", default="run.jsonl", metavar="FILE", help="Default: %(default)r")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--outage-at", type=float, default=3.0, metavar="SECONDS")
@@ -115,12 +118,12 @@ def _scenario(args: argparse.Namespace) -> Scenario:
     }
     flags["warmup_seconds"] = args.warmup_seconds
     flags["warmup_requests"] = args.warmup_requests
-    given = {k: v for k, v in flags.items() if v is not None}
+    given = {k: v for k, v in flags.items() if v is not None} | request_overrides(args)
     if args.scenario:
-        return load_scenario(args.scenario, **given)[0]
+        return finish_scenario(load_scenario(args.scenario, **given)[0], args)
     if args.preset:
-        return preset_scenario(args.preset, **given)
-    return Scenario.from_dict(given)
+        return finish_scenario(preset_scenario(args.preset, **given), args)
+    return finish_scenario(Scenario.from_dict(given), args)
 
 
 def _progress(sc: Scenario) -> tuple[Progress | None, Callable[[], None]]:
@@ -173,6 +176,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             k: {**v, "ttft_p99": v["ttft_p99"].value, "e2e_p99": v["e2e_p99"].value}
             for k, v in length_buckets(result.set).items()
         }
+    if args.slo:  # the SLO lines join the summary's notes; --json gets them as a table
+        report = slo_report(result.set, args.slo)
+        result.notes.extend(report.lines())
+        if args.json:
+            extra["slo"] = report.to_dict()
     _print_run(result, args, extra)
     return 0 if result.set.counts()["errors"] == 0 else 1
 

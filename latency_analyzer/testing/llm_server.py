@@ -178,6 +178,8 @@ class RequestRecord:
         slot_wait_ns: time spent waiting for a free slot (``LLMServer(slots=N)``) before
             ``received_ns``, which then marks the start of service.
         server_timing: the ``Server-Timing`` header sent (``LLMServer(server_timing=True)``).
+        body: the JSON body received (``LLMServer(record_requests=True)``; else None).
+        headers: the request headers received (``record_requests=True``; else None).
     """
 
     path: str
@@ -193,6 +195,8 @@ class RequestRecord:
     prompt_tokens: int
     slot_wait_ns: int = 0
     server_timing: str | None = None
+    body: dict[str, Any] | None = field(default=None, hash=False)
+    headers: dict[str, str] | None = field(default=None, hash=False)
 
     @property
     def first_token_ns(self) -> int | None:
@@ -238,6 +242,8 @@ class _Recorder:
     slot_wait_ns: int = 0
     server_timing: str | None = None
     on_publish: Callable[[RequestRecord], None] | None = None
+    body: dict[str, Any] | None = None
+    headers: dict[str, str] | None = None
 
     def publish(self) -> None:
         """Freeze the record (``end_ns`` = now) into ``sink``, once.
@@ -267,6 +273,8 @@ class _Recorder:
             prompt_tokens=self.prompt_tokens,
             slot_wait_ns=self.slot_wait_ns,
             server_timing=self.server_timing,
+            body=self.body,
+            headers=self.headers,
         )
 
 
@@ -624,6 +632,8 @@ class LLMServer(Service):
         slots: requests served at once (0: no limit). Requests beyond it wait for a slot, in
             arrival order, before their own timeline (header_delay, queue, ...) starts: a
             server with one worker and a deterministic service time is an M/D/1 queue.
+        record_requests: keep each request's JSON body and headers in its record (what a
+            load test sent; off by default, since long prompts make records large).
         header_delay, queue, prefill, decode, tokens, tokens_per_chunk, usage, role_chunk,
             reasoning_tokens, keepalive, fault, fault_after, fault_status, model,
             empty_tokens, empty_last_tokens, timings: the default :class:`Behavior` (see
@@ -665,9 +675,10 @@ class LLMServer(Service):
         empty_tokens: int = 0,
         empty_last_tokens: int = 0,
         timings: bool = False,
+        record_requests: bool = False,
     ) -> None:
         knobs = dict(locals())
-        for name in ("self", "ssl", "host", "port", "slots", *_OTEL_OPTIONS):
+        for name in ("self", "ssl", "host", "port", "slots", "record_requests", *_OTEL_OPTIONS):
             del knobs[name]
         self.otel: dict[str, Any] = {
             "otlp_endpoint": otlp_endpoint,
@@ -679,6 +690,7 @@ class LLMServer(Service):
         if slots < 0:
             raise ValueError("slots must be >= 0 (0: no limit)")
         self.slots = slots
+        self.record_requests = record_requests
         self.waiting = 0  # requests queued for a slot right now (a server-side queue gauge)
         self.running = 0  # requests being served right now
         self.behavior = Behavior().override(knobs)
@@ -757,6 +769,7 @@ class LLMServer(Service):
             raise ValueError("run_in_subprocess needs tls_pem= to serve HTTPS")
         config: dict[str, Any] = {"knobs": dataclasses.asdict(self.behavior), "host": self._host}
         config["slots"] = self.slots
+        config["record_requests"] = self.record_requests
         config["tls_pem"] = tls_pem
         config["otel"] = dict(self.otel)
         return SubprocessLLMServer(config)
@@ -788,6 +801,8 @@ class LLMServer(Service):
         raw = await request.read()
         recorder = _Recorder(request.path, _peer(request), time.perf_counter_ns(), self.behavior)
         recorder.sink = self.records
+        if self.record_requests:
+            recorder.headers = dict(request.headers)
         self.requests += 1
         try:
             if self._slot_free is None:
@@ -827,6 +842,8 @@ class LLMServer(Service):
         recorder.behavior = behavior
         recorder.stream = body.get("stream") is True
         recorder.prompt_tokens = _prompt_tokens(body)
+        if self.record_requests:
+            recorder.body = dict(body)
         prefix = "chatcmpl" if chat else "cmpl"
         ex = _Exchange(
             request, chat, body, behavior, recorder, f"{prefix}-{self.requests}", int(time.time())
@@ -1143,8 +1160,14 @@ async def _child_main(config: Mapping[str, Any]) -> None:
     context = server_context_from_pem(tls_pem) if tls_pem else None
     slots = int(config.get("slots", 0))
     otel = config.get("otel", {})
+    record = bool(config.get("record_requests", False))
     async with LLMServer(
-        ssl=context, host=config["host"], slots=slots, **config["knobs"], **otel
+        ssl=context,
+        host=config["host"],
+        slots=slots,
+        record_requests=record,
+        **config["knobs"],
+        **otel,
     ) as server:
         print(json.dumps({"port": server.port, "pid": os.getpid()}), flush=True)
         loop = asyncio.get_running_loop()

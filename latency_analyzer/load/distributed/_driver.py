@@ -38,6 +38,7 @@ from typing import Any, Protocol
 from ...analysis import Tags, WaterfallSet, fingerprint
 from ...errors import UsageError
 from ...timeline import Waterfall
+from .._checks import request_headers
 from .._scenario import Scenario
 from ._results import (
     DistributedResult,
@@ -128,9 +129,12 @@ class DistributedRun:
         batch_interval: float = 0.2,
         switch_interval: float | None = 0.0002,
     ) -> None:
-        self.scenario, self.parts = scenario, split_scenario(scenario, workers)
+        # a scenario's headers reach the workers as this option: its to_dict() omits values
+        sent = {**request_headers(scenario), **(headers or {})}
+        parts = split_scenario(scenario, workers)
+        self.scenario, self.parts = scenario, [p.replace(headers={}, header_env={}) for p in parts]
         self.backend, self.path = backend, path
-        self.worker_dir, self.headers, self.rtt_samples = worker_dir, headers, rtt_samples
+        self.worker_dir, self.headers, self.rtt_samples = worker_dir, sent, rtt_samples
         self.start_delay = start_delay
         self.batch_rows, self.batch_interval = batch_rows, batch_interval
         self.switch_interval = switch_interval

@@ -19,6 +19,8 @@ def splittable(sc: Scenario, workers: int) -> int:
     """The most workers, up to ``workers``, that ``sc`` can be shared out to (a closed loop
     needs a user per worker, a request count a request per worker)."""
     n = workers
+    if _in_order(sc):
+        return 1
     if sc.mode == "closed":
         n = min(n, sc.concurrency)
     if sc.requests is not None:
@@ -38,11 +40,22 @@ def split_scenario(sc: Scenario, workers: int) -> list[Scenario]:
     """
     if workers < 1:
         raise UsageError("workers must be >= 1")
+    if workers > 1 and _in_order(sc):
+        raise UsageError(
+            "a trace, or a dataset sampled in order, runs in one process (workers would "
+            'each send it from the start); a dataset with sample = "random" can be shared'
+        )
     if sc.mode == "closed" and sc.concurrency < workers:
         raise UsageError(f"{sc.concurrency} users cannot be shared by {workers} workers")
     if sc.requests is not None and sc.requests < workers:
         raise UsageError(f"{sc.requests} requests cannot be shared by {workers} workers")
     return [_part(sc, workers, i) for i in range(workers)]
+
+
+def _in_order(sc: Scenario) -> bool:
+    """The scenario sends rows of a file in their order: one sequence, one process."""
+    in_order = sc.dataset is not None and sc.dataset.get("sample") == "sequential"
+    return in_order or sc.trace is not None
 
 
 def _part(sc: Scenario, n: int, i: int) -> Scenario:

@@ -1,0 +1,93 @@
+"""The example scenarios on the example datasets, run as a user runs them (only the URL given).
+
+docs/load.md shows each of these files verbatim; this test runs every one of them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from latency_analyzer.analysis import WaterfallSet
+from latency_analyzer.cli import main as cli_main
+from latency_analyzer.testing import LLMServer
+
+ROOT = Path(__file__).resolve().parent.parent
+SCENARIOS = ROOT / "examples" / "scenarios"
+DATASETS = ROOT / "examples" / "datasets"
+CHAT = "/v1/chat/completions"
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def _run(name: str, url: str, out: Path, *flags: str) -> int:
+    argv = ["run", str(SCENARIOS / name), "--url", url, "--out", str(out), "--workers", "1"]
+    return cli_main([*argv, *flags])
+
+
+def test_every_example_scenario_is_shown_in_the_docs() -> None:
+    docs = (ROOT / "docs" / "load.md").read_text()
+    files = sorted(SCENARIOS.glob("*.toml"))
+    assert [f.name for f in files] == ["conversation.toml", "dataset.toml", "trace.toml"]
+    for f in files:
+        assert f.read_text() in docs, f.name
+
+
+def test_dataset_toml_sends_the_mix_from_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-example-key")
+    rows = {r["prompt"]: r for r in _jsonl(DATASETS / "prompts.jsonl")}
+    out = tmp_path / "run.jsonl"
+    with LLMServer(tokens=2, record_requests=True).run_in_subprocess() as s:
+        assert _run("dataset.toml", s.url + CHAT, out, "--slo", "ttft_p99=2s") == 0
+        records = s.records
+    assert len(records) == 40
+    for r in records:
+        body, headers = r.body or {}, r.headers or {}
+        row = rows[body["messages"][0]["content"]]  # every prompt is a row of the file
+        assert body["max_tokens"] == row["max_tokens"] and body["temperature"] == 0
+        assert body["model"] == "my-model"
+        assert headers["Authorization"] == "Bearer sk-example-key"
+    assert "sk-example-key" not in out.read_text()
+    ws = WaterfallSet.load(out)
+    assert set(ws.labels("template")) <= {"chat", "code", "long"}
+    assert list(ws.labels("template")).count("chat") > 40 // 2  # 70% of the draws, seeded
+    assert "goodput:" in capsys.readouterr().out
+
+
+def test_conversation_toml_sends_each_turn_with_the_conversation_so_far(tmp_path: Path) -> None:
+    conversations = [c["turns"] for c in _jsonl(DATASETS / "conversations.jsonl")]
+    with LLMServer(tokens=2, record_requests=True).run_in_subprocess() as s:
+        assert _run("conversation.toml", s.url + CHAT, tmp_path / "run.jsonl") == 0
+        records = s.records
+    assert len(records) == sum(len(c) for c in conversations) == 9
+    seen = []
+    for r in records:
+        messages = (r.body or {})["messages"]
+        asked = [m["content"] for m in messages if m["role"] == "user"]
+        conversation = next(c for c in conversations if c[0] == asked[0])
+        assert asked == conversation[: len(asked)]  # the turns so far, in order
+        assert [m["role"] for m in messages] == ["user", "assistant"] * (len(asked) - 1) + ["user"]
+        seen.append((conversation[0], len(asked)))
+    # a turn k is only ever sent after turn k - 1 of the same conversation was answered
+    for c in conversations:
+        sent = [seen.count((c[0], k)) for k in range(1, len(c) + 1)]
+        assert sent == sorted(sent, reverse=True), (c[0], sent)
+    assert max(k for _, k in seen) >= 2
+
+
+def test_trace_toml_replays_the_trace_twice_as_fast(tmp_path: Path) -> None:
+    stamps = np.array([r["timestamp"] for r in _jsonl(DATASETS / "trace.jsonl")])
+    out = tmp_path / "run.jsonl"
+    with LLMServer(tokens=2).run_in_subprocess() as s:
+        assert _run("trace.toml", s.url + CHAT, out) == 0
+    starts = np.sort(WaterfallSet.load(out).column("start_ns"))
+    assert len(starts) == len(stamps) == 30
+    assert np.max(np.abs(np.diff(starts) - np.diff(stamps) / 2 * 1e9)) <= 2  # the schedule
