@@ -1,5 +1,6 @@
-"""Every scenario file in examples/scenarios parses as written and runs, shrunk, against the
-test bed through the CLI a reader would use."""
+"""Every field-scenario file in examples/scenarios parses as written and runs, shrunk, against
+the test bed through the CLI a reader would use (the folder's dataset, conversation and trace
+files, which need their data files, are run by tests/test_examples_traffic.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from latency_analyzer.load import load_scenario
 from latency_analyzer.testing import LLMServer
 
 SCENARIOS = Path(__file__).parent.parent / "examples" / "scenarios"
-FILES = sorted(SCENARIOS.glob("*.toml"))
 
 # the four field scenarios, each shrunk to a second or a handful of requests
 SHRINK = {
@@ -24,8 +24,12 @@ SHRINK = {
 }
 
 
+FILES = [SCENARIOS / f"{name}.toml" for name in sorted(SHRINK)]
+OWN_DATA = {"conversation", "dataset", "trace"}  # tests/test_examples_traffic.py runs these
+
+
 def test_there_is_one_file_per_field_scenario() -> None:
-    assert [f.stem for f in FILES] == sorted(SHRINK)
+    assert sorted(f.stem for f in SCENARIOS.glob("*.toml")) == sorted({*SHRINK, *OWN_DATA})
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
