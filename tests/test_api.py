@@ -363,3 +363,79 @@ def test_the_vocabulary_is_the_designs() -> None:
 def test_public_modules_import_cleanly() -> None:
     for name in ("latency_analyzer.cli", "latency_analyzer.demo", "latency_analyzer.report.text"):
         assert importlib.import_module(name) is not None
+
+
+# --- (d) no import cycle, function-level imports counted --------------------------------------
+
+
+def _runtime_imports(path: Path) -> set[str]:
+    """Modules of this package ``path`` imports at run time: at any depth (functions
+    included), but not inside ``if TYPE_CHECKING:`` blocks, which name types and run nothing."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    typing_only = {
+        id(n)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and ast.unparse(block.test).endswith("TYPE_CHECKING")
+        for stmt in block.body
+        for n in ast.walk(stmt)
+    }
+    nodes = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Import | ast.ImportFrom) and id(n) not in typing_only
+    ]
+    return {name for name in _imports(path, nodes) if _internal(name)}
+
+
+def _import_graph() -> dict[str, set[str]]:
+    files = {_module_name(p): p for p in ROOT.rglob("*.py")}
+    return {mod: _runtime_imports(path) - {mod} for mod, path in files.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected groups of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_module_imports_its_way_back_to_itself() -> None:
+    """Every import counts, inside functions too (a lazy import is still an edge): the
+    layers hold only if following them never comes back."""
+    assert _cycles(_import_graph()) == []
+
+
+def test_the_cycle_finder_finds_cycles() -> None:
+    """Not vacuous: a lazy import back up the layers is a cycle, and it is found."""
+    graph = _import_graph()
+    graph["latency_analyzer.timeline._waterfall"].add("latency_analyzer.report.plot")
+    assert any("latency_analyzer.timeline._waterfall" in c for c in _cycles(graph))
+    assert "latency_analyzer.capture.client" in graph["latency_analyzer.load._runner"]

@@ -20,7 +20,7 @@ import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -32,9 +32,7 @@ from ..timeline import Waterfall
 from ..timeline._display import present
 from ._columns import CATEGORICAL, COUNT_METRICS, TIME_METRICS, Columns, Tags, row_of, stage_order
 from ._stats import PERCENTILES, Estimate, mean_ci, percentiles_ci
-
-if TYPE_CHECKING:
-    from ._summary import Summary
+from ._summary import Summary  # it names WaterfallSet only for typing
 
 __all__ = ["SET_SCHEMA", "WaterfallSet"]
 
@@ -353,8 +351,6 @@ class WaterfallSet:
 
     def summary(self, **kwargs: Any) -> Summary:
         """Percentiles with CIs for every metric and stage, counts and throughput."""
-        from ._summary import Summary
-
         return Summary.of(self, **kwargs)
 
     # -- selecting ------------------------------------------------------------------------

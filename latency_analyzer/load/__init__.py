@@ -13,6 +13,7 @@
 from ._api import run, run_sync
 from ._dists import ARRIVALS, Dist, arrival_gaps, dist, synthetic_prompt
 from ._faults import FaultProxy, OutageReport, outage_report
+from ._files import load_scenario
 from ._monitor import ClientHealth, Pacer
 from ._presets import (
     PRESETS,
@@ -26,7 +27,7 @@ from ._presets import (
     run_fault_injection,
 )
 from ._runner import Hook, RunResult, sweep
-from ._scenario import Scenario, Template, load_scenario
+from ._scenario import Scenario, Template
 
 __all__ = [
     "ARRIVALS",

@@ -19,10 +19,11 @@ from typing import Any
 from ..analysis import WaterfallSet, check_claim, compare
 from ..metrics import Scraper, Target, summary_text
 from ._cli_options import add_request_arguments, finish_scenario, request_overrides
+from ._files import load_scenario, scenario_preset
 from ._presets import PRESETS, length_buckets, preset_scenario, run_fault_injection
 from ._progress import ProgressLine
 from ._runner import Progress, RunResult, run
-from ._scenario import Scenario, load_scenario, scenario_preset
+from ._scenario import Scenario
 from ._slo import slo_report
 from .distributed import auto_workers, run_ray_sync, run_workers_sync
 

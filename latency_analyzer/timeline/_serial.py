@@ -7,13 +7,16 @@ Request headers are never part of a waterfall, so they cannot leak through this 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import UsageError
 from ._clock import ClockAnchor
+from ._info import ConnectionInfo, TlsInfo
 from ._span import Span
 from ._tcpinfo import TcpInfo
-from ._waterfall import ConnectionInfo, TlsInfo, Waterfall
+
+if TYPE_CHECKING:  # the model imports this module; it only names the model
+    from ._waterfall import Waterfall
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -100,7 +103,7 @@ def waterfall_to_dict(wf: Waterfall) -> dict[str, Any]:
     return out
 
 
-def waterfall_from_dict(data: Mapping[str, Any]) -> Waterfall:
+def waterfall_from_dict(data: Mapping[str, Any], cls: type[Waterfall]) -> Waterfall:
     """Rebuild a Waterfall from ``waterfall_to_dict`` output.
 
     Raises:
@@ -111,7 +114,7 @@ def waterfall_from_dict(data: Mapping[str, Any]) -> Waterfall:
             f"unknown waterfall schema {data.get('schema')!r} (this library reads {SCHEMA_VERSION})"
         )
     scalars: dict[str, Any] = {name: data.get(name) for name in _SCALARS}
-    return Waterfall(
+    return cls(
         root=span_from_dict(data["root"]),
         chunk_times_ns=tuple(data.get("chunk_times_ns", ())),
         chunk_tokens=tuple(data.get("chunk_tokens", ())),

@@ -11,39 +11,13 @@ from .._redact import redact_text, redact_url
 from ..errors import RequestError, UsageError
 from ._clock import ClockAnchor
 from ._display import present
+from ._info import ConnectionInfo, TlsInfo
+from ._serial import waterfall_from_dict, waterfall_to_dict
 from ._span import AttrValue, Span, exclusive_ns
 from ._tcpinfo import TcpInfo
 from ._tokens import per_token_gaps_ns
 
 __all__ = ["ConnectionInfo", "TlsInfo", "Waterfall"]
-
-
-@dataclass(frozen=True, slots=True)
-class TlsInfo:
-    """What the TLS handshake settled (None fields: not known)."""
-
-    version: str | None = None
-    cipher: str | None = None
-    alpn: str | None = None
-    session_reused: bool | None = None
-    server_hostname: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ConnectionInfo:
-    """The connection a request travelled on.
-
-    Attributes:
-        reused: True when the request took an idle pooled connection (no dns/connect/tls).
-        connection_id: a process-unique number per connection, to group requests by connection.
-        peer: ``host:port`` of the peer, when known.
-        requests_before: how many earlier requests this connection carried.
-    """
-
-    reused: bool = False
-    connection_id: int | None = None
-    peer: str | None = None
-    requests_before: int = 0
 
 
 def _s(ns: float | None) -> float | None:
@@ -256,16 +230,12 @@ class Waterfall:
     # -- conveniences --
     def to_dict(self) -> dict[str, Any]:
         """The canonical JSON-ready form (versioned); ``Waterfall.from_dict`` reads it back."""
-        from ._serial import waterfall_to_dict
-
         return waterfall_to_dict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Waterfall:
         """Rebuild a waterfall from ``to_dict`` output (exact: nanoseconds are integers)."""
-        from ._serial import waterfall_from_dict
-
-        return waterfall_from_dict(data)
+        return waterfall_from_dict(data, cls)
 
     # -- presentation: registered by the layers that draw and diagnose (``_display``) --
     def plot(self, ax: Any = None) -> Any:

@@ -1,0 +1,35 @@
+"""What a request's connection was: its TLS settlement and its place in the pool."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["ConnectionInfo", "TlsInfo"]
+
+
+@dataclass(frozen=True, slots=True)
+class TlsInfo:
+    """What the TLS handshake settled (None fields: not known)."""
+
+    version: str | None = None
+    cipher: str | None = None
+    alpn: str | None = None
+    session_reused: bool | None = None
+    server_hostname: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionInfo:
+    """The connection a request travelled on.
+
+    Attributes:
+        reused: True when the request took an idle pooled connection (no dns/connect/tls).
+        connection_id: a process-unique number per connection, to group requests by connection.
+        peer: ``host:port`` of the peer, when known.
+        requests_before: how many earlier requests this connection carried.
+    """
+
+    reused: bool = False
+    connection_id: int | None = None
+    peer: str | None = None
+    requests_before: int = 0
