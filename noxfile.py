@@ -100,20 +100,23 @@ def e2e(session: nox.Session) -> None:
     tmp = session.create_tmp()
     env = {"HF_HUB_OFFLINE": "1"}
     session.run("python", "e2e/build_model.py", f"{tmp}/tiny-llama", env=env)
-    session.run(
-        "python",
-        "e2e/run_vllm.py",
-        "--model",
-        f"{tmp}/tiny-llama",
-        "--log",
-        f"{tmp}/vllm.log",
-        "--json",
-        "bench-results/e2e-vllm.json",
-        "--waterfalls",
-        "bench-results/e2e-vllm-waterfalls.jsonl",
-        *session.posargs,
-        env=env,
-    )
+    for run in (1, 2, 3):  # three runs, each at 1, 4 and 16 streams in flight
+        session.run(
+            "python",
+            "e2e/run_vllm.py",
+            "--model",
+            f"{tmp}/tiny-llama",
+            "--log",
+            f"{tmp}/vllm-{run}.log",
+            "--json",
+            f"bench-results/e2e-vllm-{run}.json",
+            "--waterfalls",
+            f"bench-results/e2e-vllm-waterfalls-{run}.jsonl",
+            "--concurrency",
+            "1,4,16",
+            *session.posargs,
+            env=env,
+        )
     build = {"CMAKE_ARGS": "-DGGML_NATIVE=OFF", "CMAKE_BUILD_PARALLEL_LEVEL": "2"}
     session.install("llama-cpp-python[server]==0.3.36", "gguf==0.19.0", env=build)
     session.run("python", "e2e/build_gguf.py", f"{tmp}/tiny-llama.gguf")

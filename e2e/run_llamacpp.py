@@ -224,7 +224,10 @@ def _ms(ns: object) -> float | None:
 
 
 async def probe(base: str, args: argparse.Namespace, report: dict[str, Any]) -> list[Check]:
-    async with la.Client(base, timeout=120) as client:
+    # llama-server answers "Keep-Alive: timeout=5, max=100" yet closes the connection after a
+    # stream; a request sent on it at once then fails before any response (curl notices the
+    # dead connection and opens a new one). A new connection per request sidesteps that.
+    async with la.Client(base, timeout=120, keepalive=args.python_server) as client:
         warm = await client.request("/v1/chat/completions", json=body(args.max_tokens))
         report["warmup_e2e_ms"] = warm.e2e * 1e3
         seq = [

@@ -10,7 +10,11 @@
    ``latency_analyzer.Client`` (each carries a ``traceparent``), ``amerge`` with a 10 s grace;
 4. a burst of ``--burst`` concurrent requests, with one ``GET /metrics`` scrape mid-burst
    (``vllm:num_requests_running`` / ``_waiting``), merged likewise;
-5. vLLM is stopped (SIGTERM to its process group, SIGKILL after 30 s) whatever happened.
+5. with ``--concurrency 1,4,16``: at each level, ``--load-requests`` requests (at least 2 per
+   stream) with that many streams in flight, ``/metrics`` scraped every 100 ms by
+   ``latency_analyzer.metrics.Scraper`` and joined to each request's start (queue depth
+   ``vllm_waiting@start``, KV-cache usage ``vllm_kv_cache@start``); merged and checked as above;
+6. vLLM is stopped (SIGTERM to its process group, SIGKILL after 30 s) whatever happened.
 
 Checks, per request: ``server.status == "merged"`` with the ``vllm`` schema; the attribution
 sums to e2e to the nanosecond; the true clock offset (0: same host, same wall clock) lies within
@@ -40,7 +44,9 @@ from typing import Any
 import aiohttp
 
 import latency_analyzer as la
+from latency_analyzer.analysis import WaterfallSet
 from latency_analyzer.merge import MERGED, amerge
+from latency_analyzer.metrics import Scraper, Target, join
 from latency_analyzer.server import OTLPHttpReceiver, SpanStore, map_request
 
 READY_TIMEOUT_S = 300.0
@@ -214,6 +220,7 @@ def check(index: int, phase: str, wf: la.Waterfall, store: SpanStore) -> Check:
         "offset_ms": _ms(a.get("server.offset_ns")),
         "uncertainty_ms": _ms(a.get("server.offset_uncertainty_ns")),
         "clamped": bool(a.get("server.offset_clamped", False)),
+        "contradicted": a.get("server.contradicted"),
         "server_ttft_ms": _s_ms(a.get("server.gen_ai.latency.time_to_first_token")),
         "attribution_ms": {k: v * 1e3 for k, v in att.items()},
     }
@@ -415,7 +422,65 @@ async def _probe(
                 out.write(json.dumps(wf.to_dict()) + "\n")
     checks = [check(i, "seq", wf, store) for i, wf in enumerate(merged_seq)]
     checks += [check(i, "burst", wf, store) for i, wf in enumerate(merged_burst)]
+    for level in args.concurrency:
+        checks += await _load_level(base, store, args, report, suppress, level)
     return checks
+
+
+async def _load_level(
+    base: str,
+    store: SpanStore,
+    args: argparse.Namespace,
+    report: dict[str, Any],
+    suppress: list[int],
+    level: int,
+) -> list[Check]:
+    """``level`` streams in flight; the scrape joined to each request's start."""
+    n = max(args.load_requests, 2 * level)
+    gate = asyncio.Semaphore(level)
+    scraper = Scraper([Target(f"{base}/metrics", name="vllm")], interval=0.1)
+
+    async def one(client: la.Client) -> la.Waterfall:
+        async with gate:
+            return await client.request(
+                "/v1/chat/completions", json=body(args.max_tokens, PROMPT, suppress)
+            )
+
+    async with scraper, la.Client(base, timeout=120, limit=level) as client:
+        wfs = await asyncio.gather(*(one(client) for _ in range(n)))
+    merged = await amerge(list(wfs), store, grace=10.0)
+    ws = WaterfallSet()
+    for wf in merged:
+        ws.add(wf)
+    cols = join(ws, scraper.series, "vllm", at=("start",))
+    phase = f"c{level}"
+    checks = [check(i, phase, wf, store) for i, wf in enumerate(merged)]
+    for i, c in enumerate(checks):
+        for key in ("vllm_waiting@start", "vllm_running@start", "vllm_kv_cache@start"):
+            if key in cols:
+                value = float(cols[key][i])
+                c.figures[key] = None if value != value else value
+    report.setdefault("load", {})[phase] = _level_summary(checks)
+    return checks
+
+
+def _level_summary(checks: list[Check]) -> dict[str, Any]:
+    def med(get: Any) -> float | None:
+        vals = [v for c in checks if (v := get(c)) is not None]
+        return statistics.median(vals) if vals else None
+
+    return {
+        "requests": len(checks),
+        "merged": sum(c.figures.get("status") == MERGED for c in checks),
+        "degraded": sum(bool(c.figures.get("contradicted")) for c in checks),
+        "ttft_ms": med(lambda c: c.figures.get("ttft_ms")),
+        "server_queue_ms": med(lambda c: c.figures["attribution_ms"].get("server_queue", 0.0)),
+        "waiting_at_start": med(lambda c: c.figures.get("vllm_waiting@start")),
+        "waiting_at_start_max": max(
+            (c.figures.get("vllm_waiting@start") or 0.0 for c in checks), default=None
+        ),
+        "kv_cache_at_start": med(lambda c: c.figures.get("vllm_kv_cache@start")),
+    }
 
 
 async def _scrape_later(base: str, delay: float, t0: int) -> dict[str, Any]:
@@ -460,6 +525,8 @@ def summary(checks: list[Check], report: dict[str, Any]) -> None:
     print("medians:", json.dumps(out, indent=1, default=lambda x: x))
     print("metrics mid-burst:", report.get("metrics_mid_burst"))
     print(f"client event loop: worst lateness {report.get('client_loop_max_lag_ms', 0):.1f} ms")
+    for phase, level in report.get("load", {}).items():
+        print(f"load {phase}:", json.dumps(level))
     ends = report.get("burst_ends_ms") or [0.0]
     print(f"burst requests ended {ends[0]:.1f}..{ends[-1]:.1f} ms after the burst began")
     print(
@@ -479,6 +546,13 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="write the report here")
     parser.add_argument("--waterfalls", type=Path, default=None, help="merged waterfalls, JSONL")
     parser.add_argument("--vllm-arg", action="append", default=[], help="extra vLLM argument")
+    parser.add_argument(
+        "--concurrency",
+        type=lambda text: [int(x) for x in text.split(",") if x],
+        default=[],
+        help="load levels, e.g. 1,4,16 (streams in flight)",
+    )
+    parser.add_argument("--load-requests", type=int, default=16, help="requests per level")
     sys.exit(asyncio.run(run(parser.parse_args())))
 
 

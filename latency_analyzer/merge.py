@@ -19,6 +19,8 @@ still sums to e2e exactly. The merged waterfall is a new one; its ``attributes``
   instant lands at the offset used. The uncertainty is widened to reach it, and the server
   stage ending at that instant carries ``server.contradicts`` / ``server.contradicted_ns``;
 * ``server.source`` (``otlp``, ``server-timing``, ...), ``server.schema``;
+* ``server.placement`` / ``server.placement_uncertainty_ns``: durations without instants
+  (llama.cpp ``timings``, Server-Timing) placed in the client's bracket, no offset estimated;
 * ``server.offset_ns`` / ``server.offset_uncertainty_ns`` (server clock − client epoch),
   ``server.offset_requests``; ``server.bracket_lo_ns`` / ``server.bracket_hi_ns``.
 """
@@ -43,6 +45,7 @@ __all__ = [
     "MERGED",
     "NO_OFFSET_FITS",
     "NO_SERVER_DATA",
+    "PLACED_BY_CLIENT",
     "amerge",
     "merge",
     "merge_all",
@@ -55,6 +58,8 @@ __all__ = [
 MERGED = "merged"
 NO_SERVER_DATA = "no server data"
 NO_OFFSET_FITS = "no offset fits"
+#: ``server.placement`` of durations placed in the client's bracket (no clock offset).
+PLACED_BY_CLIENT = "durations placed in the client's bracket"
 
 
 def _with(wf: Waterfall, root: Span | None = None, **attrs: AttrValue) -> Waterfall:
@@ -237,14 +242,16 @@ def _merge_untimed(wf: Waterfall, stages: ServerStages, source: str) -> Waterfal
         moved.append(dataclasses.replace(s, start_ns=t, end_ns=t + s.duration_ns))
         t += s.duration_ns
     root, unplaced = place(wf.root, moved)
-    info.update({"server.status": MERGED, "server.placement_uncertainty_ns": slack - slack // 2})
+    info.update(
+        {
+            "server.status": MERGED,
+            "server.placement": PLACED_BY_CLIENT,
+            "server.placement_uncertainty_ns": slack - slack // 2,
+        }
+    )
     if unplaced:
         info["server.unplaced_ns"] = unplaced
     return dataclasses.replace(wf, root=root, attributes={**wf.attributes, **info})
-
-
-#: ``server.placement`` of durations placed in the client's bracket (no clock offset).
-PLACED_BY_CLIENT = "durations placed in the client's bracket"
 
 
 def _merge_token_anchored(wf: Waterfall, stages: ServerStages, source: str) -> Waterfall:

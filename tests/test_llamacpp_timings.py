@@ -9,16 +9,19 @@ server does, its ``prompt_ms`` / ``predicted_ms`` taken from its own write stamp
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from conftest import assert_exact
 
 import latency_analyzer as la
-from latency_analyzer.capture.openai import OpenAIStreamParser, TimingsReceived
+from latency_analyzer.capture.openai import ChunkReceived, OpenAIStreamParser, TimingsReceived
 from latency_analyzer.merge import MERGED, NO_OFFSET_FITS, PLACED_BY_CLIENT, merge_timings
+from latency_analyzer.metrics import LLAMACPP, MetricSeries, parse, resolve
 from latency_analyzer.server.llamacpp import SCHEMA, timings_stages
 from latency_analyzer.testing import LLMServer
-from latency_analyzer.timeline import Recorder
+from latency_analyzer.timeline import ClockAnchor, Recorder
 
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "real-servers"
 MS = 1_000_000
 BODY = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
 
@@ -123,3 +126,51 @@ def test_durations_longer_than_the_client_saw_are_not_placed() -> None:
     rec = Recorder("POST", "http://x/v1/chat/completions", start_ns=0)
     rec.add("send", 1 * MS, 2 * MS)
     assert merge_timings(rec.finish(9 * MS)).attributes["server.status"] == "no server data"
+
+
+def test_a_real_llama_server_stream_gives_its_timings_as_prefill_and_decode() -> None:
+    raw = (FIXTURES / "llama-server-11434-chat-stream.sse").read_bytes()
+    events = OpenAIStreamParser().feed(raw, 0)
+    chunks = [e for e in events if isinstance(e, ChunkReceived)]
+    tokens = [e for e in chunks if e.carries_token or e.empty_token]
+    timings = [e for e in events if isinstance(e, TimingsReceived)]
+    assert len(timings) == 1 and timings[0].values["predicted_n"] == len(tokens) == 12
+    assert not chunks[0].carries_token  # the role chunk ({"content": null})
+    assert not chunks[-1].carries_token and chunks[-1].finish_reason == "length"
+    st = timings_stages(timings[0].values)
+    assert st is not None
+    assert [(s.name, s.duration_ns) for s in st.stages] == [
+        ("prefill", 9_557_000),
+        ("decode", 13_089_000),
+    ]
+    assert st.attributes["llamacpp.prompt_n"] == 52
+    # the recorded timings in a client bracket that holds them: send 1 ms, first token chunk
+    # at 12 ms, last at 24 ms, end 25 ms. The first token lies in [1 + 9.557, 25 − 13.089]
+    # = [10.557, 11.911] ms: placed at its middle, ± half of it
+    rec = Recorder("POST", "http://127.0.0.1/v1/chat/completions", start_ns=0)
+    rec.add("send", 1 * MS, 1 * MS + 50_000)
+    rec.response_headers(2 * MS, 200)
+    for i in range(12):
+        rec.chunk(12 * MS + i * MS, 1)
+    rec.attributes.update({f"timings.{k}": v for k, v in timings[0].values.items()})
+    merged = merge_timings(rec.finish(25 * MS))
+    a = merged.attributes
+    assert a["server.status"] == MERGED and a["server.placement"] == PLACED_BY_CLIENT
+    assert a["server.placement_uncertainty_ns"] == 11_911_000 - (10_557_000 + 677_000)
+    pieces = [s for c in merged.root.children for s in c.children if s.name == "prefill"]
+    assert max(s.end_ns for s in pieces) == 10_557_000 + 677_000  # split at the headers
+    assert merged.attribution_ns()["prefill"] == 9_557_000
+    assert merged.attribution_ns()["decode"] == 13_089_000
+    assert_exact(merged)
+
+
+def test_the_llamacpp_preset_names_all_exist_in_the_recorded_metrics() -> None:
+    anchor = ClockAnchor(perf_ns=0, epoch_ns=1_700_000_000_000_000_000, uncertainty_ns=0)
+    ms = MetricSeries(anchor=anchor)
+    ms.add_target("llama", "http://x/metrics", 1.0)
+    samples = parse((FIXTURES / "llama-server-11434-metrics.prom").read_text())
+    ms.add_scrape("llama", 0, 10 * MS, samples)
+    ms.add_scrape("llama", 1_000 * MS, 1_010 * MS, samples)
+    got = resolve(ms, "llamacpp")
+    assert set(got) == {m.key for m in LLAMACPP}
+    assert got["llamacpp_running"].values.tolist() == [0.0, 0.0]

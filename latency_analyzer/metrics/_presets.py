@@ -3,7 +3,7 @@ test bed.
 
 vLLM names are those of vLLM 0.32's ``/metrics`` (``shared/fixtures/real-servers/
 vllm-0.32-metrics.prom``); llama.cpp names those of ``llama-server --metrics`` (``llamacpp:``
-prefix; ``tests/fixtures/real-servers/llama.cpp-server-metrics.prom``); DCGM names are
+prefix; ``tests/fixtures/real-servers/llama-server-11434-metrics.prom``); DCGM names are
 dcgm-exporter's default counters (one series per GPU, labelled ``gpu``, ``UUID``,
 ``modelName``; all exported as gauges). Any other metric is used by name:
 ``Metric("my_queue_depth")``.
