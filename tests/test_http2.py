@@ -20,6 +20,7 @@ from handshakes import during, handshakes, need_capture
 
 import latency_analyzer as la
 from latency_analyzer.testing import H2LLMServer, LLMServer, TestCA
+from latency_analyzer.testing._priority import realtime
 from latency_analyzer.testing.h2_server import SubprocessH2LLMServer
 from latency_analyzer.testing.pcap import TcpDump
 
@@ -260,7 +261,9 @@ def _need(binary: str) -> str:
 def nginx(tmp_path: Path, server_pem: Path) -> Iterator[str]:
     """nginx 1.22 terminating TLS + HTTP/2 in front of the HTTP/1.1 test server."""
     binary = _need("nginx")
-    with LLMServer(prefill=0.01, tokens=4).run_in_thread() as upstream:
+    # both servers at real-time priority (the upstream in its own process, nginx asking for
+    # it as it starts), so the host's other processes cannot delay what they answer
+    with LLMServer(prefill=0.01, tokens=4).run_in_subprocess() as upstream:
         port = _free_port()
         conf = tmp_path / "nginx.conf"
         conf.write_text(
@@ -285,7 +288,7 @@ def nginx(tmp_path: Path, server_pem: Path) -> Iterator[str]:
             }}
             """
         )
-        proc = subprocess.Popen([binary, "-p", str(tmp_path), "-c", str(conf)])
+        proc = subprocess.Popen([binary, "-p", str(tmp_path), "-c", str(conf)], preexec_fn=realtime)
         try:
             _wait_for_port(port, proc)
             yield f"https://localhost:{port}"
