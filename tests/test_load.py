@@ -7,8 +7,11 @@ the client's event loop. Ground truth is the server's own records (``slot_wait_n
 
 from __future__ import annotations
 
+import json
 import random
 import statistics
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,6 +29,7 @@ from latency_analyzer.load import (
     run,
     synthetic_prompt,
 )
+from latency_analyzer.load._monitor import OWN_CPU_LIMIT
 from latency_analyzer.load._presets import (
     cold_start_storm,
     fault_injection,
@@ -139,11 +143,16 @@ async def test_client_cap_shows_as_schedule_lag() -> None:
     assert len(set(start.tolist())) == 1  # every intended start is the burst instant
     lag = np.sort(ws.column("stage:schedule_lag"))
     ends = np.sort(start + ws.column("e2e_ns"))
-    # request k starts when request k-1 ended (within client scheduling, < 2 ms)
-    gaps = (start[0] + lag[1:]) - ends[:-1]
-    assert np.all(gaps >= 0) and np.all(gaps < 2_000_000)
-    # and the last one's lag is the 9 services ahead of it (20 ms each, server-injected)
-    assert 9 * 0.020 <= lag[-1] / 1e9 < 9 * 0.020 + 9 * 0.004
+    received = np.sort([r.received_ns for r in records])  # the server's log, its own process
+    # request k really started (burst instant + its lag) after request k-1 ended and before
+    # the server received it: its lag is the wait for the slot, bounded on both sides by
+    # instants host load cannot move (a kernel-stamped end, the server's log). How soon the
+    # client turns a finished request into the next one is its speed, a benchmark's concern.
+    actual = start[0] + lag
+    assert np.all(actual[1:] >= ends[:-1])
+    assert np.all(actual <= received)
+    # and the last one's lag holds the 9 services ahead of it (20 ms each, server-injected)
+    assert lag[-1] / 1e9 >= 9 * 0.020
 
 
 async def test_overload_is_reported_as_target_saturation(
@@ -159,12 +168,18 @@ async def test_overload_is_reported_as_target_saturation(
         stream=False,
         seed=3,
     )
-    for _ in range(3):  # a run whose own client stalled (another process took the CPU) can't
-        result = await run(sc, rtt_samples=0)  # tell client from target: run it again
-        if not result.client.saturated:
-            break
-    assert not result.client.saturated, result.client
-    assert result.issued == len(result.set) == 200
+    before = len(service_10ms.records)
+    result = await run(sc, rtt_samples=0)
+    records = service_10ms.records[before:]
+    health = result.client
+    # the client was not the bottleneck: it used less than its own limit of a core, and a
+    # loop that lagged all the same lagged because other processes took the host's CPUs
+    assert health.cpu < OWN_CPU_LIMIT, health
+    assert not health.saturated or health.host_contended, health
+    assert result.issued == len(result.set) == len(records) == 200
+    # the target's own log: its queue grew through the run (ρ = 1.3, ~0.3 s behind by the end)
+    waits = [r.slot_wait_ns / 1e9 for r in sorted(records, key=lambda r: r.received_ns)]
+    assert statistics.median(waits[-50:]) > max(0.1, 2 * statistics.median(waits[:50]))
     assert result.target_saturated
     assert result.latency_growth is not None and result.latency_growth > 3
     assert any("TARGET is saturated" in n for n in result.summary().notes)
@@ -245,22 +260,56 @@ async def test_fault_injection_drop_window() -> None:
     assert out.success_rate_after == 1.0
 
 
+_SPARE = """
+import sys
+from latency_analyzer.testing._priority import realtime
+from latency_analyzer.testing.llm_server import serve_in_child
+realtime()
+print("ready", flush=True)
+serve_in_child(sys.stdin.readline())
+"""
+
+
 class _Restartable:
-    """The test bed in a child process, killed and started again by the runner."""
+    """The test bed's server in a child process, killed and started again by the runner.
+
+    Each start hands its configuration to a child spawned ahead (interpreter up, modules
+    imported, real-time priority taken), which then binds and serves: what a restart is for
+    the outage's clients. A busy host's slow interpreter start stays out of the outage window.
+    """
 
     def __init__(self) -> None:
-        self.current: SubprocessLLMServer | None = None
+        config = LLMServer(header_delay=0.002, tokens=2).run_in_subprocess()._config
+        self._config = json.dumps(config)
+        self._spares = [self._spawn() for _ in range(2)]  # the first start and the restart
+        self._all = list(self._spares)
+        for proc in self._spares:
+            assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        self.current: subprocess.Popen[str] | None = None
         self.starts = 0
 
+    @staticmethod
+    def _spawn() -> subprocess.Popen[str]:
+        pipe = subprocess.PIPE
+        return subprocess.Popen([sys.executable, "-c", _SPARE], stdin=pipe, stdout=pipe, text=True)
+
     def start(self) -> tuple[str, int]:
-        self.current = LLMServer(header_delay=0.002, tokens=2).run_in_subprocess().__enter__()
+        self.current = proc = self._spares.pop(0)
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(self._config + "\n")
+        proc.stdin.flush()
         self.starts += 1
-        return self.current.host, self.current.port
+        return "127.0.0.1", int(json.loads(proc.stdout.readline())["port"])
 
     def kill(self) -> None:
         assert self.current is not None
         self.current.kill()
-        self.current.close()
+        self.current.wait()
+
+    def close(self) -> None:
+        for proc in self._all:
+            proc.kill()
+            proc.__exit__(None, None, None)  # closes its pipes, waits for it
 
 
 async def test_fault_injection_kills_and_restarts_the_server() -> None:
@@ -271,8 +320,7 @@ async def test_fault_injection_kills_and_restarts_the_server() -> None:
             sc, outage_at=0.75, outage_s=0.5, server=server, rtt_samples=0
         )
     finally:
-        if server.current is not None:
-            server.current.close()
+        server.close()
     out = res.outage
     assert server.starts == 2
     assert res.run.issued == len(res.run.set)

@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 
 from latency_analyzer.load import Scenario, arrival_gaps, run
+from latency_analyzer.load._monitor import OWN_CPU_LIMIT
 from latency_analyzer.testing import LLMServer, RequestRecord
 
 CHAT = "/v1/chat/completions"
@@ -83,19 +84,24 @@ async def test_poisson_open_loop_at_rho_08_matches_md1() -> None:
             seed=7,
             name="md1",
         )
-        for _ in range(3):  # a run whose own client stalled (another process took the CPU)
-            seen = len(server.records)  # measures the host, not the queue: run it again
-            result = await run(sc, rtt_samples=0)
-            if not result.client.saturated:
-                break
+        seen = len(server.records)
+        result = await run(sc, rtt_samples=0)
         recs = server.records[seen:]
     ws = result.set
     assert result.issued == len(ws) == len(recs) == REQUESTS
-    assert not result.client.saturated and not result.target_saturated
+    assert not result.target_saturated
+    # the client was not its own bottleneck: below its CPU limit, and a loop that lagged all
+    # the same lagged because other processes took the host's CPUs
+    health = result.client
+    assert health.cpu < OWN_CPU_LIMIT and (not health.saturated or health.host_contended)
 
+    # A request the pacer issued late (a busy host) reached the queue late: the queue the
+    # server saw is that of the instants the requests really left, intended + schedule_lag,
+    # as the client recorded each one; the lag itself is the client's, not the queue's.
     order = np.argsort(ws.column("start_ns"))
-    intended = ws.column("start_ns")[order] / 1e9
-    measured = (ws.column("e2e_ns")[order] / 1e9 - service - overhead)[WARMUP:]
+    lag = ws.column("stage:schedule_lag")[order] / 1e9 if "schedule_lag" in ws.stages else 0.0
+    intended = ws.column("start_ns")[order] / 1e9 + lag
+    measured = (ws.column("e2e_ns")[order] / 1e9 - lag - service - overhead)[WARMUP:]
     served = sorted(recs, key=lambda r: r.received_ns)
     predicted = lindley(intended, slot_held(served))
     predicted = predicted[WARMUP:]

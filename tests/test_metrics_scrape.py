@@ -8,6 +8,7 @@ Servers are loopback aiohttp apps started here; the load target runs in its own 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator
@@ -322,12 +323,25 @@ async def test_misbehaving_scrape_endpoints_leave_the_load_rate_alone(stub: Stub
 
 
 async def test_the_hook_alone_starts_and_stops_the_scraper(stub: Stub) -> None:
+    # a parser thread: a parser process starts inside the run (its imports take 0.5 s on a
+    # quiet host, seconds on a busy one), which is why the docs start the scraper before it
     with LLMServer(tokens=1).run_in_subprocess() as s:
-        scraper = Scraper(Target(stub.url("/vllm"), name="vllm"), interval=0.1)
+        scraper = Scraper(Target(stub.url("/vllm"), name="vllm"), interval=0.1, parser="thread")
         sc = Scenario(s.url + CHAT, mode="open", rate=50.0, arrival="constant", duration=1.5)
         await run(sc, hooks=[scraper.hook], rtt_samples=0)
     assert not scraper.running
-    # the parser process starts inside the run (~0.5 s of imports): scrapes begin late,
-    # which is why the docs start the scraper before the run
     assert int(scraper.series.scrapes("vllm")["ok"].sum()) >= 3
     assert not scraper.series.gaps
+
+
+async def test_a_run_that_ends_while_the_hooks_parser_starts_leaves_no_process(
+    stub: Stub,
+) -> None:
+    scraper = Scraper(Target(stub.url("/vllm"), name="vllm"), interval=0.1)
+    hook = asyncio.create_task(scraper.hook(0))
+    await asyncio.sleep(0.05)  # the parser process is spawned, its imports not done
+    assert scraper._pool is not None
+    hook.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await hook
+    assert scraper._pool is None and not scraper.running  # the child was reaped

@@ -183,9 +183,9 @@ class Scraper:
         its starter; one the hook started is stopped by the hook.
         """
         owner = not self.running
-        if owner:
-            await self.start()
-        try:
+        try:  # a run may end while the parser is still starting: it is stopped all the same
+            if owner:
+                await self.start()
             await asyncio.Event().wait()  # until cancelled
         finally:
             if owner:

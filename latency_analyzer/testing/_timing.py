@@ -3,7 +3,7 @@
 ``asyncio.sleep(d)`` is not precise enough to inject known delays: the selector rounds its
 timeout up to whole milliseconds, so a 10 ms sleep often lasts 10.9 ms. :func:`sleep_until`
 sleeps on the event loop until shortly before an absolute deadline, then spins (yielding the
-GIL and the loop) until the deadline has passed.
+GIL and the loop) until the deadline has passed; a real-time server naps in short steps instead.
 """
 
 from __future__ import annotations
@@ -40,6 +40,14 @@ SPIN_NS = 3_000_000
 #: take ~80 us (timer slack), and only yields to the event loop.
 _TIGHT_SPIN_NS = 200_000
 
+#: At a real-time policy the spin naps instead, in steps of at most this long: a real-time
+#: thread has no timer slack, so a short sleep ends on time, and the CPU goes back to ordinary
+#: processes (a spinning real-time server would starve the client it serves on a small host,
+#: which then reads many tokens in one late read). Other tasks on the loop wait at most one
+#: step; the last step's worth is spun.
+_NAP_NS = 100_000
+_REALTIME_POLICIES = {getattr(os, n) for n in ("SCHED_RR", "SCHED_FIFO") if hasattr(os, n)}
+
 S = TypeVar("S", bound="Service")
 
 
@@ -49,17 +57,27 @@ async def sleep_until(deadline_ns: int) -> None:
     Sleeps on the event loop until :data:`SPIN_NS` before the deadline, then spins. Each spin
     step calls ``asyncio.sleep(0)`` (lets other tasks on this loop run) and, until the last
     200 us, ``time.sleep(0)`` (lets other threads take the GIL), so a server and a client
-    sharing one loop or one process both keep making progress. A deadline in the past
-    returns after a single yield to the loop.
+    sharing one loop or one process both keep making progress. At a real-time policy the
+    steps are naps of at most 100 us until the last 100 us, which leave the CPU to others. A
+    deadline in the past returns after a single yield to the loop.
     """
     remaining = deadline_ns - time.perf_counter_ns()
     if remaining > SPIN_NS:
         await asyncio.sleep((remaining - SPIN_NS) / 1e9)
     await asyncio.sleep(0)
+    realtime = _realtime()
     while (remaining := deadline_ns - time.perf_counter_ns()) > 0:
-        if remaining > _TIGHT_SPIN_NS:
+        if realtime and remaining > _NAP_NS:
+            time.sleep(min(remaining - _NAP_NS, _NAP_NS) / 1e9)
+        elif remaining > _TIGHT_SPIN_NS:
             time.sleep(0)
         await asyncio.sleep(0)
+
+
+def _realtime() -> bool:
+    """This thread runs at a real-time policy (a test-bed server child, ``_priority``)."""
+    policy = getattr(os, "sched_getscheduler", None)
+    return policy is not None and policy(0) in _REALTIME_POLICIES
 
 
 def deadline_after(start_ns: int, seconds: float) -> int:

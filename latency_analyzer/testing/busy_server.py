@@ -34,6 +34,8 @@ from typing import Any
 
 from aiohttp import web
 
+from ._priority import realtime
+
 __all__ = [
     "BusyConfig",
     "decode_step",
@@ -279,6 +281,7 @@ def main(argv: list[str] | None = None) -> None:
         engine=args.engine,
         marker=args.marker,
     )
+    realtime()  # its stages run on time however busy the host is, where the OS allows it
     asyncio.run(serve(config, args.port_file))
 
 

@@ -1,0 +1,80 @@
+"""TCP + TLS handshakes as a packet capture on ``lo`` saw them: the kernel's stamps as truth.
+
+A busy host can delay when our process reads or writes, never when the kernel stamped a packet.
+Each connection to ``server_port`` in a capture is cut into the instants a handshake test needs,
+on the ``perf_counter_ns`` clock waterfalls use (through the process's clock anchor):
+
+* ``syn_ns``: the client's SYN;
+* ``hello_ns``: the first bytes the client sent (its ClientHello);
+* ``flight_end_ns``: the last bytes the server sent before the client spoke again (in TLS 1.3,
+  the flight from ServerHello to Finished: what completes the client's handshake);
+* ``second_ns``: the client's next bytes (its Finished, and what it sends right behind it);
+* ``server_bytes``: ``(stamp, payload length)`` of everything the server sent after that.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import pytest
+
+from latency_analyzer.testing.pcap import Packet
+from latency_analyzer.timeline import process_anchor
+
+
+def need_capture() -> None:
+    """Skip (outside CI) or fail (in CI) when tcpdump or the right to capture is missing."""
+    import shutil
+
+    missing = None
+    if shutil.which("tcpdump") is None:
+        missing = "tcpdump is not installed (apt-get install tcpdump)"
+    elif os.geteuid() != 0:
+        missing = "capturing on lo needs root"
+    if missing is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{missing}; CI must have it (.ci/run)")
+        pytest.skip(missing)
+
+
+@dataclass
+class Handshake:
+    client_port: int
+    syn_ns: int
+    hello_ns: int | None = None
+    flight_end_ns: int | None = None
+    second_ns: int | None = None
+    server_bytes: list[tuple[int, int]] = field(default_factory=list)
+
+
+def handshakes(packets: list[Packet], server_port: int) -> list[Handshake]:
+    """Every connection to ``server_port`` whose SYN was captured, in the order of the SYNs."""
+    anchor = process_anchor()
+    out: dict[int, Handshake] = {}
+    for p in packets:
+        t = anchor.to_perf_ns(p.epoch_ns)
+        if p.dport == server_port and p.flags == "S":
+            out[p.sport] = Handshake(p.sport, t)
+            continue
+        from_client = p.dport == server_port
+        hs = out.get(p.sport if from_client else p.dport)
+        if hs is None or not p.payload:
+            continue
+        if from_client:
+            if hs.hello_ns is None:
+                hs.hello_ns = t
+            elif hs.flight_end_ns is not None and hs.second_ns is None:
+                hs.second_ns = t
+        elif hs.hello_ns is not None and hs.second_ns is None:
+            hs.flight_end_ns = t
+        elif hs.second_ns is not None:
+            hs.server_bytes.append((t, len(p.payload)))
+    return sorted(out.values(), key=lambda h: h.syn_ns)
+
+
+def during(found: list[Handshake], start_ns: int, end_ns: int) -> Handshake:
+    """The one connection whose SYN left between ``start_ns`` and ``end_ns``."""
+    inside = [h for h in found if start_ns <= h.syn_ns <= end_ns]
+    assert len(inside) == 1, (start_ns, end_ns, [h.syn_ns for h in found])
+    return inside[0]
