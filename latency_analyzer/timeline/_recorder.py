@@ -12,7 +12,13 @@ from ._clock import ClockAnchor, process_anchor
 from ._span import _NO_ATTRIBUTES, AttrValue, Span, prechecked_span
 from ._stages import CLIENT_STAGES, ROOT_NAME
 from ._tcpinfo import TcpInfo
-from ._tokens import MAX_TOKEN_COUNT, claim_value, distribute_tokens, token_cap
+from ._tokens import (
+    MAX_TOKEN_COUNT,
+    MAX_TOKENS_PER_CHAR,
+    claim_value,
+    distribute_tokens,
+    token_cap,
+)
 from ._waterfall import ConnectionInfo, TlsInfo, Waterfall
 
 __all__ = ["Recorder"]
@@ -343,17 +349,24 @@ class Recorder:
 
     def _token_counts(self) -> tuple[tuple[int, ...], tuple[int, ...], int | None, str | None]:
         """Chunk times, tokens per chunk, output tokens and where that count came from."""
-        times = tuple(c.time_ns for c in self._chunks)
-        if all(c.tokens is not None for c in self._chunks) and self._chunks:
-            known = tuple(min(c.tokens or 0, token_cap(c.weight)) for c in self._chunks)
-            self._note_claim(sum(c.tokens or 0 for c in self._chunks), sum(known))
+        chunks = self._chunks
+        times = tuple([c.time_ns for c in chunks])
+        if chunks and all(c.tokens is not None for c in chunks):
+            known = tuple(min(c.tokens or 0, token_cap(c.weight)) for c in chunks)
+            self._note_claim(sum(c.tokens or 0 for c in chunks), sum(known))
             return times, known, sum(known), "continuous_usage"
         total = self.usage_completion
         if total is not None:
+            weights = [c.weight for c in chunks]
             # a server's count sizes lists (itl): at most what the received text can hold
-            room = sum(token_cap(c.weight) for c in self._chunks) if self._chunks else None
+            # (the sum of token_cap over the chunks)
+            room = (
+                MAX_TOKENS_PER_CHAR * sum([w for w in weights if w > 0]) + len(weights)
+                if chunks
+                else None
+            )
             total = self._note_claim(total, min(total, MAX_TOKEN_COUNT if room is None else room))
-            split = distribute_tokens(total, [c.weight for c in self._chunks])
+            split = distribute_tokens(total, weights)
             if split is not None:
                 return times, tuple(split), total, "usage"
             if not self._chunks:
