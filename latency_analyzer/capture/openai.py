@@ -223,10 +223,17 @@ class OpenAIStreamParser:
             self.done = True
             events.append(StreamDone(time_ns))
             return
-        obj = _load_object(data, time_ns, events)
-        if obj is None:
-            return
-        if not _append_error(obj, time_ns, events):
+        try:  # _load_object, inlined for the usual chunk: a JSON object
+            obj: Any = _loads(data)
+        except (ValueError, RecursionError):
+            obj = None
+        if type(obj) is not dict:
+            obj = _load_object(data, time_ns, events)  # again, to say what is wrong with it
+            if obj is None:
+                return
+        if (obj.get("error") is None and obj.get("object") != "error") or not _append_error(
+            obj, time_ns, events
+        ):
             self.chunks += 1
             _append_chunk(obj, time_ns, events)
 
