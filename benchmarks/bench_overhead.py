@@ -18,6 +18,11 @@ core) hits every variant alike.
   ``bare_parser`` (the bare loop feeding our sans-IO ``OpenAIStreamParser``). Added CPU per chunk
   is (ours - bare) CPU per request / SSE events per response; ``bare_parser`` splits it into
   parsing and the rest (connector/protocol stamping, recorder, waterfall).
+* ``presend_100``: 100 requests due at one instant (one ``intended_start_ns`` for all, as a
+  load schedule gives them) on 100 kept-alive connections of one ``la.Client``, in rounds:
+  per request, the waterfall's ``send`` start minus its start (the common instant), P50/P95/max
+  over every round; and the same from each request's own start (after its ``schedule_lag``),
+  which leaves out the wait behind the others. Its target is the P95 of the first.
 * ``profile``: when a target is missed (or with ``--profile``), the "ours" variant of the
   missed scenario(s) under cProfile: top functions by tottime, waiting in epoll excluded.
 """
@@ -51,6 +56,8 @@ from latency_analyzer.testing import LLMServer
 SCHEMA = 1
 KEEPALIVE_RATIO_MAX = 1.05
 ADDED_US_PER_CHUNK_MAX = 2.0
+PRESEND_P95_MAX_MS = 1.0
+PRESEND_STARTS = 100
 TOKENS = 256
 SEED = 20240601
 
@@ -78,6 +85,7 @@ class Plan:
     sse_block: int
     profile_ka: int
     profile_sse: int
+    presend_rounds: int
 
 
 FULL = Plan(
@@ -89,6 +97,7 @@ FULL = Plan(
     sse_block=10,
     profile_ka=1000,
     profile_sse=150,
+    presend_rounds=20,
 )
 QUICK = Plan(
     ka_warmup=20,
@@ -99,6 +108,7 @@ QUICK = Plan(
     sse_block=5,
     profile_ka=50,
     profile_sse=10,
+    presend_rounds=3,
 )
 
 
@@ -281,6 +291,54 @@ async def stream_shape(session: aiohttp.ClientSession, url: str, n: int) -> dict
         "network_reads_per_response_median": statistics.median(reads),
         "network_reads_per_response_min": min(reads),
         "network_reads_per_response_max": max(reads),
+    }
+
+
+# --- pre-send work at synchronised starts ----------------------------------------------
+
+
+async def presend(base: str, rounds: int) -> dict[str, Any]:
+    """Start -> first request byte to the kernel, for ``PRESEND_STARTS`` requests due at once."""
+    n = PRESEND_STARTS
+    from_due: list[int] = []
+    from_own: list[int] = []
+    async with la.Client(base, limit=n) as client:
+        for _ in range(2):  # opens the n connections, then runs once warm
+            await asyncio.gather(*(client.request("/health") for _ in range(n)))
+        gc.collect()
+        c0 = time.process_time_ns()
+        for _ in range(rounds):
+            due = time.perf_counter_ns()
+            wfs = await asyncio.gather(
+                *(client.request("/health", intended_start_ns=due) for _ in range(n))
+            )
+            for wf in wfs:
+                send = wf.stage("send")
+                if not wf.ok or send is None:
+                    raise BenchError(f"pre-send round: {wf.error_type}: {wf.error}")
+                lag = wf.stage("schedule_lag")
+                own_start = wf.start_ns if lag is None else lag.end_ns
+                from_due.append(send.start_ns - wf.start_ns)
+                from_own.append(send.start_ns - own_start)
+        cpu = time.process_time_ns() - c0
+        reused = sum(1 for wf in wfs if wf.connection.reused)
+
+    def ms(values: list[int], q: float) -> float:
+        return round(pct(values, q) / 1e6, 4)
+
+    return {
+        "starts_per_round": n,
+        "rounds": rounds,
+        "requests": len(from_due),
+        "endpoint": "GET /health",
+        "last_round_reused_connections": reused,
+        "from_due_ms": {"p50": ms(from_due, 50), "p95": ms(from_due, 95), "max": ms(from_due, 100)},
+        "from_own_start_ms": {
+            "p50": ms(from_own, 50),
+            "p95": ms(from_own, 95),
+            "max": ms(from_own, 100),
+        },
+        "cpu_us_per_request": us(cpu / len(from_due)),
     }
 
 
@@ -473,7 +531,11 @@ async def bench(base: str, plan: Plan, force_profile: bool) -> dict[str, Any]:
         keepalive_met = keepalive["median_per_request_ratio"] <= KEEPALIVE_RATIO_MAX
         chunk_met = sse_256["added_cpu_us_per_chunk"] <= ADDED_US_PER_CHUNK_MAX
 
-        # (c) profile what misses
+        # (c) pre-send work, 100 requests due at one instant
+        presend_100 = await presend(base, plan.presend_rounds)
+        presend_met = presend_100["from_due_ms"]["p95"] <= PRESEND_P95_MAX_MS
+
+        # (d) profile what misses
         profile: list[dict[str, Any]] = []
         if force_profile or not chunk_met:
             n = plan.profile_sse // plan.sse_block * plan.sse_block
@@ -488,11 +550,14 @@ async def bench(base: str, plan: Plan, force_profile: bool) -> dict[str, Any]:
     return {
         "keepalive_get": keepalive,
         "sse_256": sse_256,
+        "presend_100": presend_100,
         "targets": {
             "keepalive_ratio_max": KEEPALIVE_RATIO_MAX,
             "added_us_per_chunk_max": ADDED_US_PER_CHUNK_MAX,
+            "presend_p95_max_ms": PRESEND_P95_MAX_MS,
             "keepalive_met": keepalive_met,
             "chunk_met": chunk_met,
+            "presend_met": presend_met,
         },
         "profile": profile,
     }
@@ -500,6 +565,7 @@ async def bench(base: str, plan: Plan, force_profile: bool) -> dict[str, Any]:
 
 def summary(result: dict[str, Any], seconds: float) -> str:
     ka, sse, t = result["keepalive_get"], result["sse_256"], result["targets"]
+    pre = result["presend_100"]
     ok = {True: "met", False: "MISSED"}
     lines = [
         f"latency_analyzer {result['library_version']} overhead "
@@ -526,6 +592,13 @@ def summary(result: dict[str, Any], seconds: float) -> str:
         f"  wall median ours {sse['ours']['wall_us_median']:.0f} µs, "
         f"bare {sse['bare']['wall_us_median']:.0f} µs "
         f"(per-request ratio {sse['wall_median_per_request_ratio']:.3f})",
+        f"pre-send work, {pre['starts_per_round']} requests due at once x {pre['rounds']} rounds:",
+        f"  from the due instant P50 {pre['from_due_ms']['p50']:.3f} ms, "
+        f"P95 {pre['from_due_ms']['p95']:.3f} ms (target ≤ {t['presend_p95_max_ms']}: "
+        f"{ok[t['presend_met']]}), max {pre['from_due_ms']['max']:.3f} ms",
+        f"  from each request's own start P50 {pre['from_own_start_ms']['p50']:.3f} ms, "
+        f"P95 {pre['from_own_start_ms']['p95']:.3f} ms; "
+        f"CPU/request {pre['cpu_us_per_request']:.0f} µs",
     ]
     for prof in result["profile"]:
         lines.append(f"profile {prof['scenario']} (cProfile, share of busy time):")

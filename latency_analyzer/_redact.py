@@ -270,15 +270,29 @@ def _redact_param(param: str) -> str:
     return f"{key}={MASK}" if sep and is_secret_query_key(key) else param
 
 
+#: url -> (the remembered values it was redacted with, the result): a load run redacts the same
+#: URL for every request. An entry holds its tuple of values, so ``is`` tells it still applies.
+_URL_MEMO: dict[str, tuple[tuple[str, ...], str]] = {}
+_URL_MEMO_MAX = 256
+
+
 def redact_url(url: str) -> str:
     """The URL without userinfo and with secret query values replaced by ``***``.
 
     Other query parameters are kept exactly as written (no re-encoding).
     """
+    known = _REMEMBERED.longest_first
+    hit = _URL_MEMO.get(url)
+    if hit is not None and hit[0] is known:  # no value remembered since: the same result
+        return hit[1]
     parts = urlsplit(url)
     netloc = parts.netloc.rsplit("@", 1)[-1]
     query = "&".join(_redact_param(p) for p in parts.query.split("&")) if parts.query else ""
-    return redact_text(urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment)))
+    out = redact_text(urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment)))
+    if len(_URL_MEMO) >= _URL_MEMO_MAX:
+        _URL_MEMO.clear()
+    _URL_MEMO[url] = (known, out)
+    return out
 
 
 def redact_headers(headers: Mapping[str, str] | Iterable[tuple[str, str]]) -> dict[str, str]:

@@ -154,13 +154,18 @@ class ResponseConsumer:
         rec = state.recorder
         for ev in events:
             if type(ev) is ChunkReceived:  # nearly every event: checked first, exactly
-                if ev.carries_token:
-                    weight = len(ev.content) + len(ev.reasoning)
-                    is_reasoning = bool(ev.reasoning) and not ev.content
-                    known = self._tokens.delta(ev.completion_tokens) if per_chunk_usage else None
-                    rec.chunk(ev.time_ns, weight, known, is_reasoning)
-                    if state.answer is not None and ev.content:
-                        state.answer.append(ev.content)
+                content, reasoning = ev.content, ev.reasoning
+                if content or reasoning:  # carries_token
+                    cumulative = ev.completion_tokens
+                    known = (
+                        self._tokens.delta(cumulative)
+                        if per_chunk_usage and cumulative is not None
+                        else None
+                    )
+                    # reasoning alone when there is no content (it is there: a token came)
+                    rec.chunk(ev.time_ns, len(content) + len(reasoning), known, not content)
+                    if state.answer is not None and content:
+                        state.answer.append(content)
                 elif ev.empty_token:
                     rec.empty_chunk(ev.time_ns)
             elif isinstance(ev, UsageReceived):

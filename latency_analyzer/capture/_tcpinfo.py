@@ -37,8 +37,23 @@ _FIELDS = (
 )
 
 
+def _whole_struct() -> struct.Struct:
+    """One ``Struct`` reading every field of ``_FIELDS`` at once (padding in between)."""
+    layout, pos = "=", 0
+    for _name, fmt, offset in sorted(_FIELDS, key=lambda f: f[2]):
+        layout += f"{offset - pos}x{fmt}" if offset > pos else fmt
+        pos = offset + struct.calcsize("=" + fmt)
+    return struct.Struct(layout)
+
+
+_WHOLE = _whole_struct()
+_NAMES = tuple(name for name, _, _ in sorted(_FIELDS, key=lambda f: f[2]))
+
+
 def decode_tcp_info(raw: bytes, at_ns: int) -> TcpInfo | None:
     """The fields of a ``struct tcp_info`` byte string (native order); None if too short."""
+    if len(raw) >= _WHOLE.size:  # a current kernel: every field, in one unpack
+        return TcpInfo(at_ns, **dict(zip(_NAMES, _WHOLE.unpack_from(raw), strict=True)))
     values: dict[str, int | None] = {}
     for name, fmt, offset in _FIELDS:
         size = struct.calcsize(fmt)

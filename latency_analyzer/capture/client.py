@@ -183,7 +183,7 @@ class Client:
             if "://" in url or not self.base_url
             else self.base_url.rstrip("/") + "/" + url.lstrip("/")
         )
-        if urlsplit(full).scheme not in ("http", "https") or not urlsplit(full).hostname:
+        if not _is_http_url(full):
             remember_request(full)
             raise UsageError(f"not an http(s) URL: {redact_url(full)!r}")
         return full
@@ -296,9 +296,8 @@ class Client:
         limit: float,
     ) -> None:
         """HTTP/2 on a pooled connection when there is one, else dial (and maybe hand over)."""
-        parts = urlsplit(url)
-        state.h2_mode = self._h2_mode(parts.scheme)
-        origin = f"{parts.scheme}://{(parts.hostname or '').lower()}:{parts.port or ''}"
+        scheme, origin = _origin(url)
+        state.h2_mode = self._h2_mode(scheme)
         deadline = state.recorder.start_ns + int(limit * 1e9)
         while state.h2_mode is not None and origin not in self._h2.http1_origins:
             conn = self._h2.get(origin)
@@ -458,6 +457,20 @@ class _H2Dial:
 def _too_many_redirects(wf: Waterfall, limit: int) -> Waterfall:
     message = f"more than {limit} redirects (the last to {wf.url})"
     return dataclasses.replace(wf, error=message, error_type="redirect")
+
+
+# a load run asks for the same few URLs on every request: what they tell is kept
+@functools.lru_cache(maxsize=256)
+def _is_http_url(url: str) -> bool:
+    parts = urlsplit(url)
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
+
+
+@functools.lru_cache(maxsize=256)
+def _origin(url: str) -> tuple[str, str]:
+    """``(scheme, "scheme://host:port")``; a bad port raises ``ValueError`` (not kept)."""
+    parts = urlsplit(url)
+    return parts.scheme, f"{parts.scheme}://{(parts.hostname or '').lower()}:{parts.port or ''}"
 
 
 def _left(deadline_ns: int) -> float:

@@ -194,7 +194,7 @@ class TimedProtocol(ResponseHandler):
             else:
                 super().data_received(data)
             return
-        if wire is not None:
+        if wire is not None and data:  # b"": aiohttp resuming its parser, not a read
             state.recorder.read(t, wire.read_user_ns, wire.read_stamped, wire.refused)
         before = self._payload
         super().data_received(data)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 from latency_analyzer._redact import redact_text
-from latency_analyzer.capture.sse import SSEEvent, SSEParser
+from latency_analyzer.capture.sse import SSEParser
 
 __all__ = [
     "ChunkReceived",
@@ -199,8 +199,8 @@ class OpenAIStreamParser:
             The events completed by this chunk, in stream order.
         """
         events: list[Event] = []
-        for sse in self._sse.feed(data, time_ns):
-            self._on_sse(sse, events)
+        for text in self._sse.feed_data(data):
+            self._on_data(text, time_ns, events)
         return events
 
     def close(self, time_ns: int) -> list[Event]:
@@ -217,17 +217,25 @@ class OpenAIStreamParser:
             reason += "; a partial event was pending"
         return [StreamTruncated(time_ns, reason)]
 
-    def _on_sse(self, sse: SSEEvent, events: list[Event]) -> None:
-        if sse.data.strip() == _DONE:
+    def _on_data(self, data: str, time_ns: int, events: list[Event]) -> None:
+        """One SSE event's data: a JSON chunk (nearly always), ``[DONE]`` or garbage."""
+        if data[:1] != "{" and data.strip() == _DONE:
             self.done = True
-            events.append(StreamDone(sse.time_ns))
+            events.append(StreamDone(time_ns))
             return
-        obj = _load_object(sse.data, sse.time_ns, events)
-        if obj is None:
-            return
-        if not _append_error(obj, sse.time_ns, events):
+        try:  # _load_object, inlined for the usual chunk: a JSON object
+            obj: Any = _loads(data)
+        except (ValueError, RecursionError):
+            obj = None
+        if type(obj) is not dict:
+            obj = _load_object(data, time_ns, events)  # again, to say what is wrong with it
+            if obj is None:
+                return
+        if (obj.get("error") is None and obj.get("object") != "error") or not _append_error(
+            obj, time_ns, events
+        ):
             self.chunks += 1
-            _append_chunk(obj, sse.time_ns, events)
+            _append_chunk(obj, time_ns, events)
 
 
 def parse_openai_body(body: bytes, time_ns: int) -> list[Event]:
@@ -312,16 +320,52 @@ def _append_error(obj: dict[str, Any], time_ns: int, events: list[Event]) -> boo
     return True
 
 
+_set_time, _set_content, _set_reasoning, _set_finish, _set_completion, _set_empty = (
+    ChunkReceived.__dict__[name].__set__
+    for name in (
+        "time_ns",
+        "content",
+        "reasoning",
+        "finish_reason",
+        "completion_tokens",
+        "empty_token",
+    )
+)
+
+
+def _chunk_received(
+    time_ns: int,
+    content: str,
+    reasoning: str,
+    finish: str | None,
+    completion: int | None,
+    empty: bool,
+) -> ChunkReceived:
+    """``ChunkReceived(...)`` with its slots set directly: one is built per streamed token, and
+    the frozen dataclass's ``__init__`` sets each field through ``object.__setattr__``."""
+    chunk: ChunkReceived = object.__new__(ChunkReceived)
+    _set_time(chunk, time_ns)
+    _set_content(chunk, content)
+    _set_reasoning(chunk, reasoning)
+    _set_finish(chunk, finish)
+    _set_completion(chunk, completion)
+    _set_empty(chunk, empty)
+    return chunk
+
+
 def _append_chunk(obj: dict[str, Any], time_ns: int, events: list[Event]) -> None:
     """Append a ``ChunkReceived`` for a chunk with choices, then a ``UsageReceived`` for usage."""
     usage = obj.get("usage")
-    usage = usage if isinstance(usage, dict) else None
+    if usage is not None and type(usage) is not dict:  # parsed JSON: no dict subclasses
+        usage = None
     choices = obj.get("choices")
-    if isinstance(choices, list) and choices:
-        content, reasoning, finish = _read_choices(choices)
+    if type(choices) is list and choices:
+        content, reasoning, finish = (
+            _read_choice(choices[0]) if len(choices) == 1 else _read_choices(choices)
+        )
         completion = _int_or_none(usage.get("completion_tokens")) if usage else None
         empty = not content and not reasoning and _empty_token(choices)
-        events.append(ChunkReceived(time_ns, content, reasoning, finish, completion, empty))
+        events.append(_chunk_received(time_ns, content, reasoning, finish, completion, empty))
     if usage is not None:
         events.append(
             UsageReceived(
@@ -331,7 +375,7 @@ def _append_chunk(obj: dict[str, Any], time_ns: int, events: list[Event]) -> Non
             )
         )
     timings = obj.get("timings")
-    if isinstance(timings, dict):
+    if timings is not None and type(timings) is dict:
         values = {
             k: float(v)
             for k, v in timings.items()

@@ -55,8 +55,11 @@ def _new_span_id() -> int:
 
 def _caller_context(headers: MutableMapping[str, str]) -> trace.SpanContext | None:
     """The caller's own trace context, removed from ``headers`` (any header-name case)."""
+    names = [n for n in headers if n.lower() in _FIELDS]
+    if not names:  # nearly every request: nothing to extract
+        return None
     carrier: dict[str, str] = {}
-    for name in [n for n in headers if n.lower() in _FIELDS]:
+    for name in names:
         carrier[name.lower()] = headers.pop(name)
     if "traceparent" not in carrier:
         return None
@@ -79,10 +82,13 @@ def inject(headers: MutableMapping[str, str]) -> TraceContext:
     """
     parent = _caller_context(headers)
     if parent is None:
-        trace_id = random.getrandbits(128) or 1
-        flags, state = trace.TraceFlags(trace.TraceFlags.SAMPLED), trace.TraceState()
-    else:
-        trace_id, flags, state = parent.trace_id, parent.trace_flags, parent.trace_state
+        # a new sampled trace: the header is written here, as the propagator would write it
+        # (``00-<trace>-<span>-01``, no ``tracestate``), without building a context for it
+        trace_hex = f"{random.getrandbits(128) or 1:032x}"
+        span_hex = f"{_new_span_id():016x}"
+        headers["traceparent"] = f"00-{trace_hex}-{span_hex}-01"
+        return TraceContext(trace_id=trace_hex, span_id=span_hex)
+    trace_id, flags, state = parent.trace_id, parent.trace_flags, parent.trace_state
     span_id = _new_span_id()
     context = trace.SpanContext(
         trace_id, span_id, is_remote=False, trace_flags=flags, trace_state=state
@@ -91,6 +97,6 @@ def inject(headers: MutableMapping[str, str]) -> TraceContext:
     return TraceContext(
         trace_id=f"{trace_id:032x}",
         span_id=f"{span_id:016x}",
-        parent_span_id=None if parent is None else f"{parent.span_id:016x}",
+        parent_span_id=f"{parent.span_id:016x}",
         sampled=flags.sampled,
     )

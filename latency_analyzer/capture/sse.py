@@ -100,15 +100,29 @@ class SSEParser:
         Raises:
             RuntimeError: ``feed()`` after ``close()``.
         """
+        return [
+            SSEEvent(data, event or "message", last_id, retry, time_ns)
+            for data, event, last_id, retry in self.feed_fields(data)
+        ]
+
+    def feed_data(self, data: bytes) -> list[str]:
+        """Like :meth:`feed`, for a reader that wants only each event's ``data`` (an OpenAI
+        stream): the same parse, without building an ``SSEEvent`` per event."""
+        if self._closed:
+            raise RuntimeError("SSEParser.feed() called after close()")
+        if self._idle_between_events() and _is_single_data_event(data):
+            value = data[6:-2] if data[5] == _SPACE else data[5:-2]
+            return [value.decode("utf-8", "replace")]
+        return [fields[0] for fields in self.feed_fields(data)]
+
+    def feed_fields(self, data: bytes) -> list[tuple[str, str, str | None, int | None]]:
+        """The events one chunk completes as ``(data, event or "", id, retry)`` tuples."""
         if self._closed:
             raise RuntimeError("SSEParser.feed() called after close()")
         if self._idle_between_events() and _is_single_data_event(data):
             # the usual shape of a streamed token: one "data: ...\n\n" per read
             value = data[6:-2] if data[5] == _SPACE else data[5:-2]
-            text = value.decode("utf-8", "replace")
-            return [
-                SSEEvent(data=text, event="message", id=self._last_id, retry=None, time_ns=time_ns)
-            ]
+            return [(value.decode("utf-8", "replace"), "", self._last_id, None)]
         if self._skip_lf and data:
             self._skip_lf = False
             if data[0] == _LF:
@@ -129,7 +143,7 @@ class SSEParser:
             data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         lines = data.split(b"\n")
         self._tail += lines.pop()
-        return self._process(lines, time_ns)
+        return self._process(lines)
 
     def close(self, time_ns: int) -> list[SSEEvent]:
         """End of stream. Per the spec an incomplete event is discarded, never dispatched.
@@ -161,13 +175,19 @@ class SSEParser:
         self._bom_checked = True
         return data[len(_BOM) :] if data.startswith(_BOM) else data
 
-    def _process(self, lines: list[bytes], time_ns: int) -> list[SSEEvent]:
-        events: list[SSEEvent] = []
+    def _process(self, lines: list[bytes]) -> list[tuple[str, str, str | None, int | None]]:
+        events: list[tuple[str, str, str | None, int | None]] = []
         for line in lines:
             if not line:
-                event = self._dispatch(time_ns)
-                if event is not None:
-                    events.append(event)
+                if self._data:
+                    events.append(self._dispatch())
+                else:  # a blank line with no data dispatches nothing, but ends the event
+                    self._event, self._event_retry, self._in_event = "", None, False
+            elif line[:5] == b"data:":  # nearly every line: the field, without the partition
+                self._in_event = True
+                self._data.append(
+                    (line[6:] if line[5:6] == b" " else line[5:]).decode("utf-8", "replace")
+                )
             elif line[0] == _COLON:
                 self.comments += 1
             else:
@@ -190,16 +210,9 @@ class SSEParser:
             self._event_retry = self.retry = int(value)
         # any other field name is ignored, as the spec requires
 
-    def _dispatch(self, time_ns: int) -> SSEEvent | None:
+    def _dispatch(self) -> tuple[str, str, str | None, int | None]:
+        """The pending event (it has data) as ``(data, event, id, retry)``; state reset."""
         data, event, retry = self._data, self._event, self._event_retry
         self._data, self._event, self._event_retry = [], "", None
         self._in_event = False
-        if not data:
-            return None
-        return SSEEvent(
-            data="\n".join(data),
-            event=event or "message",
-            id=self._last_id,
-            retry=retry,
-            time_ns=time_ns,
-        )
+        return ("\n".join(data) if len(data) > 1 else data[0]), event, self._last_id, retry

@@ -3,19 +3,45 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from ..errors import UsageError
+from ._build import prechecked_waterfall
 from ._clock import ClockAnchor, process_anchor
-from ._span import AttrValue, Span
+from ._span import _NO_ATTRIBUTES, AttrValue, Span, prechecked_span
 from ._stages import CLIENT_STAGES, ROOT_NAME
 from ._tcpinfo import TcpInfo
-from ._tokens import MAX_TOKEN_COUNT, claim_value, distribute_tokens, token_cap
+from ._tokens import (
+    MAX_TOKEN_COUNT,
+    MAX_TOKENS_PER_CHAR,
+    claim_value,
+    distribute_tokens,
+    token_cap,
+)
 from ._waterfall import ConnectionInfo, TlsInfo, Waterfall
 
 __all__ = ["Recorder"]
 
 _STAGE_NAMES = frozenset(CLIENT_STAGES)
+
+
+def _span(
+    name: str, start_ns: int, end_ns: int, attributes: dict[str, AttrValue] | None = None
+) -> Span:
+    """A client span from instants given to the Recorder: the one check ``Span()`` makes of
+    them, then built as is (``attributes``: a dict made for this span, wrapped, not copied)."""
+    if end_ns < start_ns:
+        raise UsageError(f"span {name!r} ends before it starts ({start_ns} > {end_ns})")
+    attrs = MappingProxyType(attributes) if attributes else _NO_ATTRIBUTES
+    return prechecked_span(name, start_ns, end_ns, "client", attrs)
+
+
+def _in_start_order(spans: list[Span]) -> tuple[Span, ...]:
+    """The spans as children of one parent: sorted by start as ``Span()`` would sort them."""
+    if any(spans[i].start_ns > spans[i + 1].start_ns for i in range(len(spans) - 1)):
+        return tuple(sorted(spans, key=lambda s: (s.start_ns, s.end_ns)))
+    return tuple(spans)
 
 
 @dataclass(slots=True)
@@ -108,7 +134,7 @@ class Recorder:
 
     def add(self, name: str, start_ns: int, end_ns: int, **attrs: AttrValue) -> None:
         """Record a closed stage."""
-        self._spans.append(Span(name, start_ns, end_ns, "client", attrs))
+        self._spans.append(_span(name, start_ns, end_ns, attrs))
 
     def is_open(self, name: str) -> bool:
         return name in self._open
@@ -206,35 +232,50 @@ class Recorder:
         # a request a scheduler started early (clock conversion, a few µs) starts when it did
         intended = self.intended_start_ns
         root_start = self.start_ns if intended is None else min(self.start_ns, intended)
-        root = Span(ROOT_NAME, root_start, end_ns, "client", {}, tuple(spans))
-        times, tokens, n_out, source = self._token_counts()
-        reasoning = [c.time_ns for c in self._chunks if c.reasoning]
-        answer = [c.time_ns for c in self._chunks if not c.reasoning]
-        return Waterfall(
-            root=root,
-            method=self.method,
-            url=self.url,
-            status=self.status,
-            http_version=self.http_version,
-            error=self.error,
-            error_type=self.error_type,
-            chunk_times_ns=times,
-            chunk_tokens=tokens,
-            first_reasoning_ns=reasoning[0] if reasoning else None,
-            first_answer_ns=answer[0] if answer else None,
-            output_tokens=n_out,
-            output_tokens_source=source,
-            input_tokens=self.usage_prompt,
-            tls=self.tls,
-            connection=self.connection,
-            anchor=self.anchor,
-            attributes=self.attributes,
-            tcp_connect=self.tcp_connect,
-            tcp_end=self.tcp_end,
-            **self._read_fields(),
-            first_chunk_ns=self._empty_before(times[0] if times else None),
-            last_chunk_ns=self._empty_after(times[-1] if times else None),
+        if end_ns < root_start:
+            raise UsageError(f"span {ROOT_NAME!r} ends before it starts ({root_start} > {end_ns})")
+        root = prechecked_span(
+            ROOT_NAME, root_start, end_ns, "client", _NO_ATTRIBUTES, _in_start_order(spans)
         )
+        times, tokens, n_out, source = self._token_counts()
+        first_reasoning = first_answer = None
+        for c in self._chunks:
+            if c.reasoning:
+                if first_reasoning is None:
+                    first_reasoning = c.time_ns
+                    if first_answer is not None:
+                        break
+            elif first_answer is None:
+                first_answer = c.time_ns
+                if first_reasoning is not None:
+                    break
+        values = {
+            "root": root,
+            "method": self.method,
+            "url": self.url,
+            "status": self.status,
+            "http_version": self.http_version,
+            "error": self.error,
+            "error_type": self.error_type,
+            "chunk_times_ns": times,
+            "chunk_tokens": tokens,
+            "first_reasoning_ns": first_reasoning,
+            "first_answer_ns": first_answer,
+            "output_tokens": n_out,
+            "output_tokens_source": source,
+            "input_tokens": self.usage_prompt,
+            "tls": self.tls,
+            "connection": self.connection,
+            "anchor": self.anchor,
+            "tcp_connect": self.tcp_connect,
+            "tcp_end": self.tcp_end,
+            **self._read_fields(),
+            "first_chunk_ns": self._empty_before(times[0] if times else None),
+            "last_chunk_ns": self._empty_after(times[-1] if times else None),
+        }
+        # after _read_fields, which may add a note; copied: the Recorder's dict stays its own
+        values["attributes"] = MappingProxyType(dict(self.attributes))
+        return prechecked_waterfall(values)
 
     def _empty_before(self, first_ns: int | None) -> int | None:
         if self._empty is None or (first_ns is not None and self._empty[0] >= first_ns):
@@ -280,45 +321,52 @@ class Recorder:
                     "last_byte_after_headers_ms": (span.end_ns - headers) / 1e6,
                 }
                 end = max(span.start_ns, headers)
-                self._spans[i] = Span("send", span.start_ns, end, span.source, attrs)
+                self._spans[i] = _span("send", span.start_ns, end, attrs)
 
     def _lag_span(self) -> list[Span]:
         if self.intended_start_ns is None:
             return []
         lo = min(self.intended_start_ns, self.start_ns)
-        return [Span("schedule_lag", lo, self.start_ns)]
+        return [_span("schedule_lag", lo, self.start_ns)]
 
     def _response_spans(self, end_ns: int) -> list[Span]:
         """wait / first_token / decode / tail from the response marks."""
         send_end = self.span_end("send")
         if send_end is None:
             return []
-        failed = {"interrupted": True} if self.interrupted else {}
+        failed: dict[str, AttrValue] | None = {"interrupted": True} if self.interrupted else None
         if self.headers_ns is None:
-            return [Span("wait", send_end, max(send_end, end_ns), "client", failed)]
+            return [_span("wait", send_end, max(send_end, end_ns), failed)]
         headers = max(self.headers_ns, self.start_ns)
-        out = [Span("wait", min(send_end, headers), headers)]
+        out = [_span("wait", min(send_end, headers), headers)]
         last = headers
         if self._chunks:
             first, last = self._chunks[0].time_ns, self._chunks[-1].time_ns
-            out.append(Span("first_token", headers, first))
-            out.append(Span("decode", first, last))
-        out.append(Span("tail", last, max(last, end_ns), "client", failed))
+            out.append(_span("first_token", headers, first))
+            out.append(_span("decode", first, last))
+        out.append(_span("tail", last, max(last, end_ns), failed))
         return out
 
     def _token_counts(self) -> tuple[tuple[int, ...], tuple[int, ...], int | None, str | None]:
         """Chunk times, tokens per chunk, output tokens and where that count came from."""
-        times = tuple(c.time_ns for c in self._chunks)
-        if all(c.tokens is not None for c in self._chunks) and self._chunks:
-            known = tuple(min(c.tokens or 0, token_cap(c.weight)) for c in self._chunks)
-            self._note_claim(sum(c.tokens or 0 for c in self._chunks), sum(known))
+        chunks = self._chunks
+        times = tuple([c.time_ns for c in chunks])
+        if chunks and all(c.tokens is not None for c in chunks):
+            known = tuple(min(c.tokens or 0, token_cap(c.weight)) for c in chunks)
+            self._note_claim(sum(c.tokens or 0 for c in chunks), sum(known))
             return times, known, sum(known), "continuous_usage"
         total = self.usage_completion
         if total is not None:
+            weights = [c.weight for c in chunks]
             # a server's count sizes lists (itl): at most what the received text can hold
-            room = sum(token_cap(c.weight) for c in self._chunks) if self._chunks else None
+            # (the sum of token_cap over the chunks)
+            room = (
+                MAX_TOKENS_PER_CHAR * sum([w for w in weights if w > 0]) + len(weights)
+                if chunks
+                else None
+            )
             total = self._note_claim(total, min(total, MAX_TOKEN_COUNT if room is None else room))
-            split = distribute_tokens(total, [c.weight for c in self._chunks])
+            split = distribute_tokens(total, weights)
             if split is not None:
                 return times, tuple(split), total, "usage"
             if not self._chunks:

@@ -9,7 +9,7 @@ from types import MappingProxyType
 from ..errors import UsageError
 from ._stages import BACKGROUND_STAGES, Source
 
-__all__ = ["AttrValue", "Span", "exclusive_ns"]
+__all__ = ["AttrValue", "Span", "exclusive_ns", "prechecked_span"]
 
 AttrValue = str | int | float | bool | None
 
@@ -73,6 +73,37 @@ class Span:
             if span.name == name and (source is None or span.source == source):
                 return span
         return None
+
+
+_set_name = Span.__dict__["name"].__set__
+_set_start = Span.__dict__["start_ns"].__set__
+_set_end = Span.__dict__["end_ns"].__set__
+_set_source = Span.__dict__["source"].__set__
+_set_attributes = Span.__dict__["attributes"].__set__
+_set_children = Span.__dict__["children"].__set__
+_new = object.__new__
+
+
+def prechecked_span(
+    name: str,
+    start_ns: int,
+    end_ns: int,
+    source: Source = "client",
+    attributes: Mapping[str, AttrValue] = _NO_ATTRIBUTES,
+    children: tuple[Span, ...] = (),
+) -> Span:
+    """A ``Span`` from a builder that already holds what ``Span()`` checks: ``end_ns >=
+    start_ns``, ``attributes`` a read-only mapping no one else holds, ``children`` a tuple in
+    start order. The Recorder builds every span of a waterfall this way from instants it
+    checked as they came in; anything built from outside goes through ``Span()``."""
+    span: Span = _new(Span)
+    _set_name(span, name)
+    _set_start(span, start_ns)
+    _set_end(span, end_ns)
+    _set_source(span, source)
+    _set_attributes(span, attributes)
+    _set_children(span, children)
+    return span
 
 
 def _residual_name(span: Span, is_root: bool) -> str:

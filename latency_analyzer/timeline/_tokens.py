@@ -44,6 +44,8 @@ def distribute_tokens(total: int, weights: Sequence[int]) -> list[int] | None:
     n = len(weights)
     if n == 0 or total < n:
         return None
+    if total == n:  # one token per chunk, the usual stream: the only split with >= 1 each
+        return [1] * n
     clean = [max(w, 0) for w in weights]
     if not any(clean):
         clean = [1] * n
