@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from latency_analyzer.testing.pcap import Packet
+from latency_analyzer.testing.tcpdump import Packet
 from latency_analyzer.timeline import process_anchor
 
 

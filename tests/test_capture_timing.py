@@ -27,7 +27,7 @@ from latency_analyzer.testing import (
     SubprocessLLMServer,
     TestCA,
 )
-from latency_analyzer.testing.pcap import TcpDump
+from latency_analyzer.testing.tcpdump import TcpDump
 
 HEADER_DELAY, PREFILL, DECODE, TOKENS = 0.020, 0.040, 0.005, 20
 N = 20

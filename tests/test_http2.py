@@ -22,7 +22,7 @@ import latency_analyzer as la
 from latency_analyzer.testing import H2LLMServer, LLMServer, TestCA
 from latency_analyzer.testing._priority import realtime
 from latency_analyzer.testing.h2_server import SubprocessH2LLMServer
-from latency_analyzer.testing.pcap import TcpDump
+from latency_analyzer.testing.tcpdump import TcpDump
 
 HEADER_DELAY, PREFILL, DECODE, TOKENS = 0.020, 0.040, 0.005, 20
 LOOPBACK_NS = 500_000  # a packet's capture stamp to its receive stamp on lo, with room
