@@ -24,9 +24,11 @@ interleaved within each:
   server saw, as a share of the rate asked for.
 
 Client CPU is the tool's whole process tree (``getrusage(RUSAGE_CHILDREN)`` around the
-subprocess, which counts every descendant it reaps); the server, a child that is still
-running, is not in it. Tokens are the server's count. The ratios (ours ÷ theirs) are the
-result; ``targets`` says which of the benchmark's targets were met.
+subprocess, which counts every descendant it reaps; the server, a child that is still
+running, is not in it) minus the same tool's ``startup`` run; beside it, the tree's CPU
+sampled while it had traffic to handle (see :meth:`TreeCPU.busy_windows`). Tokens are the
+server's count. The ratios (ours ÷ theirs) are the result; ``targets`` says which of the
+benchmark's targets were met.
 """
 
 from __future__ import annotations
@@ -342,18 +344,37 @@ def truth(records: list[RequestRecord], w: Workload) -> dict[str, Any]:
     return out
 
 
+def unread_bytes(port: int) -> int:
+    """Bytes waiting in the receive queues of sockets connected to ``port`` on this host: the
+    server's writes that a client has not read yet (``/proc/net/tcp``, ``tcp6``)."""
+    total = 0
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(name) as f:
+                lines = f.readlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if int(fields[2].rsplit(":", 1)[1], 16) == port:  # remote end is the server
+                total += int(fields[4].split(":")[1], 16)
+    return total
+
+
 class TreeCPU:
-    """CPU seconds of a process tree, sampled every ``interval`` on the perf clock.
+    """CPU seconds of a process tree, and the bytes its sockets have not read yet, sampled
+    every ``interval`` on the perf clock.
 
     Each process's last reading is kept after it exits, so the total never falls when a
     worker ends between two samples (what it spent after its last sample is lost).
     """
 
-    def __init__(self, pid: int, interval: float = 0.02) -> None:
+    def __init__(self, pid: int, port: int, interval: float = 0.02) -> None:
         self._root = psutil.Process(pid)
+        self._port = port
         self._interval = interval
         self._last: dict[int, float] = {}
-        self.samples: list[tuple[int, float]] = []
+        self.samples: list[tuple[int, float, int]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
@@ -363,19 +384,37 @@ class TreeCPU:
             try:
                 procs = [self._root, *self._root.children(recursive=True)]
             except psutil.Error:
-                procs = []
+                procs = [self._root]
             for proc in procs:
                 try:
                     t = proc.cpu_times()
                 except psutil.Error:
                     continue
                 self._last[proc.pid] = t.user + t.system
-            self.samples.append((time.perf_counter_ns(), sum(self._last.values())))
+            unread = unread_bytes(self._port)
+            self.samples.append((time.perf_counter_ns(), sum(self._last.values()), unread))
             self._stop.wait(self._interval)
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
+
+    def busy_windows(self, records: list[RequestRecord]) -> list[tuple[int, int]]:
+        """When the client had traffic to handle: the union of the server's [request
+        received, response finished] intervals, each stretched to the first sample after it
+        at which the client had read everything (flat out, the server finishes writing into
+        the socket buffers long before a busy client has read it)."""
+        spans = sorted((r.received_ns, r.end_ns) for r in records)
+        drained = [t for t, _, unread in self.samples if unread == 0]
+        merged: list[tuple[int, int]] = []
+        for a, b in spans:
+            i = int(np.searchsorted(drained, b))
+            b = max(b, drained[i]) if i < len(drained) else self.samples[-1][0]
+            if merged and a <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+            else:
+                merged.append((a, b))
+        return merged
 
     def between(self, windows: list[tuple[int, int]]) -> float:
         """CPU seconds spent inside ``windows`` (perf_counter_ns pairs), interpolated."""
@@ -384,18 +423,6 @@ class TreeCPU:
         t = np.array([s[0] for s in self.samples], dtype=np.float64)
         c = np.array([s[1] for s in self.samples])
         return float(sum(np.interp(b, t, c) - np.interp(a, t, c) for a, b in windows))
-
-
-def in_flight(records: list[RequestRecord]) -> list[tuple[int, int]]:
-    """The union of the server's [request received, response finished] intervals."""
-    spans = sorted((r.received_ns, r.end_ns) for r in records)
-    merged: list[tuple[int, int]] = []
-    for a, b in spans:
-        if merged and a <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], b))
-        else:
-            merged.append((a, b))
-    return merged
 
 
 def children_cpu() -> float:
@@ -419,7 +446,7 @@ def run_one(tool: str, w: Workload, ctx: Context) -> dict[str, Any]:
                 proc = subprocess.Popen(
                     cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ctx.out
                 )
-                tree = TreeCPU(proc.pid)
+                tree = TreeCPU(proc.pid, srv.port)
                 try:
                     rc: int | str = proc.wait(RUN_TIMEOUT_S)
                 except subprocess.TimeoutExpired:
@@ -431,9 +458,11 @@ def run_one(tool: str, w: Workload, ctx: Context) -> dict[str, Any]:
         finally:
             wall, cpu = time.perf_counter() - t0, children_cpu() - cpu0
         records = srv.records
-    busy = tree.between(in_flight(records))
+    windows = tree.busy_windows(records) if records else []
+    busy = tree.between(windows)
     row: dict[str, Any] = {"tool": tool, "workload": w.name, "exit": rc}
     row.update(wall_s=round(wall, 2), cpu_s=round(cpu, 3), cpu_in_flight_s=round(busy, 3))
+    row["busy_s"] = round(sum(b - a for a, b in windows) / 1e9, 3)
     row["server"] = truth(records, w)
     try:
         row["client"] = parse(ctx)
@@ -479,7 +508,7 @@ def summarise(rows: list[dict[str, Any]], tools: list[str]) -> dict[str, Any]:
         for name, cell in table[peer].items():
             mine = ours.get(name, {})
             pair: dict[str, Any] = {}
-            for key in ("cpu_ms_per_1k_tokens", "marginal_cpu_ms_per_1k_tokens"):
+            for key in ("marginal_cpu_ms_per_1k_tokens", "cpu_ms_per_1k_tokens"):
                 if cell.get(key) and key in mine:
                     pair[key] = round(mine[key] / cell[key], 3)
             if name.startswith("flat") and cell.get("server_tokens_per_s") and mine:
@@ -494,7 +523,7 @@ def targets(table: dict[str, Any], ratios: dict[str, Any]) -> dict[str, Any]:
     vllm = ratios.get("vllm", {})
     out: dict[str, Any] = {}
     for name in ("flat_c64", "flat_c256", "paced_c10", "paced_c100"):
-        value = vllm.get(name, {}).get("cpu_ms_per_1k_tokens")
+        value = vllm.get(name, {}).get("marginal_cpu_ms_per_1k_tokens")
         met = None if value is None else bool(value <= 0.7)
         out[f"cpu_per_1k_tokens_vs_vllm_{name}"] = {"value": value, "target": 0.7, "met": met}
     value = vllm.get("flat_c256", {}).get("tokens_per_s")
@@ -508,7 +537,7 @@ def targets(table: dict[str, Any], ratios: dict[str, Any]) -> dict[str, Any]:
 
 def markdown(summary: dict[str, Any], tools: list[str]) -> str:
     names = ["flat_c64", "flat_c256", "paced_c10", "paced_c100", "open_rate"]
-    head = "| tool | workload | CPU ms/1k tok in flight | run CPU − startup, ms/1k tok "
+    head = "| tool | workload | CPU ms/1k tok (run − startup) | CPU ms/1k tok (traffic only) "
     head += "| server tok/s | TTFT err P50/P95/P99 ms | TPOT err ms | rate held | failed |"
     lines = [head, "|" + "---|" * 9]
     for tool in tools:
@@ -518,8 +547,8 @@ def markdown(summary: dict[str, Any], tools: list[str]) -> str:
                 continue
             errs = "/".join(str(c.get(f"ttft_p{p}_error_ms", "-")) for p in (50, 95, 99))
             lines.append(
-                f"| {tool} | {name} | {c.get('cpu_ms_per_1k_tokens', '-')} "
-                f"| {c.get('marginal_cpu_ms_per_1k_tokens', '-')} "
+                f"| {tool} | {name} | {c.get('marginal_cpu_ms_per_1k_tokens', '-')} "
+                f"| {c.get('cpu_ms_per_1k_tokens', '-')} "
                 f"| {c.get('server_tokens_per_s', '-')} "
                 f"| {errs} | {c.get('tpot_mean_error_ms', '-')} | {c.get('rate_held', '-')} "
                 f"| {c.get('failed', '-')} |"
