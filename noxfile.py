@@ -1,5 +1,5 @@
 """Developer tasks: ``nox -s tests`` (the README's test command), ``lint``, ``bench``, ``demo``,
-``fuzz``."""
+``fuzz``, ``peers``."""
 
 from __future__ import annotations
 
@@ -64,6 +64,26 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/bench_receivers.py", "--out", "bench-results/receivers.json")
     session.install(".[locust]")
     session.run("python", "benchmarks/bench_locust.py", "--out", "bench-results/locust.json")
+
+
+@nox.session(python="3.11")
+def peers(session: nox.Session) -> None:
+    """``latency-analyzer run`` beside ``vllm bench serve``, AIPerf and GuideLLM on one loopback
+    test-bed server (``benchmarks/bench_peers.py``); JSON in bench-results/peers.json.
+
+    Not in the default run nor CI: each peer gets a venv of its own under ``.peers/`` (their
+    dependencies conflict), several GB and minutes of installs the first time; the run itself
+    takes a few minutes per peer. A peer that cannot be installed is skipped with the reason.
+    """
+    session.install(".", "psutil")
+    session.run(
+        "python",
+        "benchmarks/bench_peers.py",
+        "--install",
+        "--out",
+        "bench-results/peers.json",
+        *session.posargs,
+    )
 
 
 @nox.session
