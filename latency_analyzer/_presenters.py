@@ -33,7 +33,7 @@ def _waterfall_png(wf: Any) -> bytes:
 
 
 def _waterfall_diagnose(wf: Any, **kwargs: Any) -> list[Any]:
-    from .diagnose import diagnose
+    from .analysis.diagnose import diagnose
 
     return diagnose(wf, **kwargs)
 
@@ -51,9 +51,9 @@ def _set_html(ws: Any) -> str:
 
 
 def _set_diagnose(ws: Any, **kwargs: Any) -> list[Any]:
-    from .diagnose import diagnose_set
+    from .analysis.diagnose import diagnose
 
-    return diagnose_set(ws, **kwargs)
+    return diagnose(ws, **kwargs)
 
 
 register_presenter("waterfall.plot", _waterfall_plot)
