@@ -2,7 +2,8 @@
 
 Each loads its layer on first call (matplotlib and the diagnosis rules stay unimported until a
 plot or a finding is asked for). The package root imports this module, which is what keeps the
-model (``timeline``) and the set (``analysis``) free of imports from ``report`` and diagnosis.
+model (``timeline``) and the set (``analysis._set``) free of imports from ``report`` and from
+``analysis.diagnose`` (which reads the set: importing it back would be a cycle).
 """
 
 from __future__ import annotations
