@@ -4,7 +4,7 @@
 
 A DNS server (15 ms delay), a TLS LLM server and a 2 ms-each-way delay proxy (a nearby
 network) on 127.0.0.1. The first request pays dns + connect + tls; the next ones do not.
-Then the same five requests with keep-alive off, and what ``diagnose_set`` says about them.
+Then the same five requests with keep-alive off, and what ``diagnose`` says about them.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 
 import latency_analyzer as la
-from latency_analyzer.diagnose import diagnose_set, format_findings
+from latency_analyzer.analysis.diagnose import diagnose, format_findings
 from latency_analyzer.testing import DelayProxy, DNSServer, LLMServer, TestCA
 
 BODY = {
@@ -43,7 +43,7 @@ async def main() -> None:
                 print(f"keep-alive {'on' if keepalive else 'off'}:")
                 for wf in wfs:
                     print("  " + row("cold" if not wf.connection.reused else "warm", wf))
-                print(format_findings(diagnose_set(wfs)), end="\n\n")
+                print(format_findings(diagnose(wfs)), end="\n\n")
 
 
 if __name__ == "__main__":

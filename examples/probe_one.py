@@ -15,7 +15,7 @@ from pathlib import Path
 
 import latency_analyzer as la
 from latency_analyzer import report
-from latency_analyzer.diagnose import diagnose, format_findings
+from latency_analyzer.analysis.diagnose import diagnose, format_findings
 from latency_analyzer.testing import LLMServer
 
 BODY = {"model": "m", "stream": True, "stream_options": {"include_usage": True},

@@ -18,7 +18,7 @@ from pathlib import Path
 from rich.console import Console
 
 from latency_analyzer import report
-from latency_analyzer.diagnose import diagnose_set, format_findings
+from latency_analyzer.analysis.diagnose import diagnose, format_findings
 from latency_analyzer.load import Scenario, run_sync
 from latency_analyzer.testing import LLMServer
 
@@ -34,7 +34,7 @@ def main() -> None:
                       requests=40, warmup_requests=4)  # fmt: skip
         result = run_sync(sc, path=out / "run.jsonl")
     Console().print(report.set_table(result.set))
-    print(format_findings(diagnose_set(result.set)))
+    print(format_findings(diagnose(result.set)))
     report.plot_set(result.set).savefig(out / "set.png", dpi=100)
     print(f"wrote run.jsonl and set.png to {out}")
 

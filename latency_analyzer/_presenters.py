@@ -2,7 +2,8 @@
 
 Each loads its layer on first call (matplotlib and the diagnosis rules stay unimported until a
 plot or a finding is asked for). The package root imports this module, which is what keeps the
-model (``timeline``) and the set (``analysis``) free of imports from ``report`` and diagnosis.
+model (``timeline``) and the set (``analysis._set``) free of imports from ``report`` and from
+``analysis.diagnose`` (which reads the set: importing it back would be a cycle).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def _waterfall_png(wf: Any) -> bytes:
 
 
 def _waterfall_diagnose(wf: Any, **kwargs: Any) -> list[Any]:
-    from .diagnose import diagnose
+    from .analysis.diagnose import diagnose
 
     return diagnose(wf, **kwargs)
 
@@ -51,9 +52,9 @@ def _set_html(ws: Any) -> str:
 
 
 def _set_diagnose(ws: Any, **kwargs: Any) -> list[Any]:
-    from .diagnose import diagnose_set
+    from .analysis.diagnose import diagnose
 
-    return diagnose_set(ws, **kwargs)
+    return diagnose(ws, **kwargs)
 
 
 register_presenter("waterfall.plot", _waterfall_plot)

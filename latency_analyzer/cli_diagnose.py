@@ -19,9 +19,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from ._runfile import read_run
+from .analysis.diagnose import Finding, WhatIf, diagnose, format_findings, what_if
 from .capture.alpn import aprobe_alpn
 from .capture.client import Client
-from .diagnose import Finding, WhatIf, diagnose, diagnose_set, format_findings, what_if
 from .errors import UsageError
 from .report.text import render_waterfall
 from .timeline import Waterfall
@@ -105,7 +105,7 @@ def probe_many(args: argparse.Namespace, request: dict[str, Any]) -> int:
     ok_warm = [wf for wf in warm if wf.ok]
     warm_dx = None
     if args.diagnose and ok_warm:
-        warm_dx = _diagnosis(ok_warm, diagnose_set(ok_warm, server_alpn=alpn))
+        warm_dx = _diagnosis(ok_warm, diagnose(ok_warm, server_alpn=alpn))
     if args.json:
         out: dict[str, Any] = {"requests": [wf.summary() for wf in wfs]}
         if args.diagnose:
@@ -152,7 +152,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     """Findings for a whole run, and the combined what-if; exit 0 (2: the file is bad)."""
     rows = list(read_run(args.run))
     wfs = [wf for wf, tags in rows if not tags.warmup]
-    findings = diagnose_set(wfs, server_alpn=args.server_alpn)
+    findings = diagnose(wfs, server_alpn=args.server_alpn)
     w = what_if(wfs, findings) if wfs else WhatIf("e2e", 0.0, 0.0, (), ())
     failed = sum(not wf.ok for wf in wfs)
     warmup = len(rows) - len(wfs)

@@ -17,9 +17,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from .analysis.diagnose import diagnose, format_findings, what_if
 from .capture.alpn import aprobe_alpn
 from .capture.client import Client
-from .diagnose import diagnose, format_findings, what_if
 from .report.text import render_waterfall
 from .testing import TestBed
 from .timeline import Waterfall

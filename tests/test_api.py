@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 
 import latency_analyzer as la
+import latency_analyzer.analysis.diagnose as dx
+import latency_analyzer.diagnose as old_dx
 import latency_analyzer.testing as testbed
 from latency_analyzer import CLIENT_STAGES, RESIDUALS, Recorder, Span, Waterfall
 
@@ -62,6 +64,17 @@ TESTING_PUBLIC = [
     "token_text",
 ]
 
+DIAGNOSE_PUBLIC = [
+    "CLIENT_REMEDIES",
+    "RULES",
+    "Finding",
+    "Thresholds",
+    "WhatIf",
+    "diagnose",
+    "format_findings",
+    "what_if",
+]
+
 IO_LIBRARIES = {"aiohttp", "dns", "ssl", "socket", "asyncio"}
 
 
@@ -76,7 +89,23 @@ def test_testing_names_are_pinned() -> None:
     assert testbed.__all__ == TESTING_PUBLIC
 
 
-@pytest.mark.parametrize(("module", "names"), [(la, PUBLIC), (testbed, TESTING_PUBLIC)])
+def test_diagnose_names_are_pinned() -> None:
+    assert dx.__all__ == DIAGNOSE_PUBLIC
+
+
+def test_the_old_diagnose_path_re_exports_the_package() -> None:
+    """``latency_analyzer.diagnose`` keeps its names, each the package's own object."""
+    for name in DIAGNOSE_PUBLIC:
+        assert getattr(old_dx, name) is getattr(dx, name), name
+    assert old_dx.diagnose_set is dx.diagnose
+    from latency_analyzer.capture import alpn
+
+    assert (old_dx.probe_alpn, old_dx.aprobe_alpn) == (alpn.probe_alpn, alpn.aprobe_alpn)
+
+
+@pytest.mark.parametrize(
+    ("module", "names"), [(la, PUBLIC), (testbed, TESTING_PUBLIC), (dx, DIAGNOSE_PUBLIC)]
+)
 def test_every_public_name_is_importable(module: object, names: list[str]) -> None:
     for name in names:
         assert getattr(module, name) is not None, name

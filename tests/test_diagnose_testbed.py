@@ -6,13 +6,8 @@ import asyncio
 from typing import Any
 
 import latency_analyzer as la
-from latency_analyzer.diagnose import (
-    aprobe_alpn,
-    diagnose,
-    diagnose_set,
-    format_findings,
-    probe_alpn,
-)
+from latency_analyzer.capture.alpn import aprobe_alpn, probe_alpn
+from latency_analyzer.diagnose import diagnose, diagnose_set, format_findings
 from latency_analyzer.testing import DelayProxy, DNSServer, H2LLMServer, LLMServer, TestCA
 
 BODY: dict[str, Any] = {

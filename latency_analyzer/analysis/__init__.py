@@ -8,6 +8,9 @@
     ws.percentiles("ttft")["p95"]            # Estimate(value, low, high, n, confidence)
     print(ws.summary().to_text())
     print(check_claim(base, cand, claimed=15.0, metric="ttft_p95"))
+
+Diagnosis (findings, what-ifs) is the subpackage ``latency_analyzer.analysis.diagnose``,
+imported on first use.
 """
 
 from ._columns import Tags

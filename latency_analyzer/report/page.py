@@ -172,10 +172,10 @@ def _slowest(run: Run, count: int) -> str:
 
 
 def _diagnosis(run: Run) -> str:
-    from ..diagnose import diagnose_set, what_if
+    from ..analysis.diagnose import diagnose, what_if
 
     wfs = [wf for wf in run.measured() if wf.ok]
-    findings = diagnose_set(wfs)
+    findings = diagnose(wfs)
     if not findings:
         return "<p>no findings: nothing stands out</p>"
     blocks = []
