@@ -4,7 +4,7 @@ A busy host can delay when our process reads or writes, never when the kernel st
 Each connection to ``server_port`` in a capture is cut into the instants a handshake test needs,
 on the ``perf_counter_ns`` clock waterfalls use (through the process's clock anchor):
 
-* ``syn_ns``: the client's SYN;
+* ``syn_ns``: the client's SYN; ``synack_ns``: the server's SYN-ACK;
 * ``hello_ns``: the first bytes the client sent (its ClientHello);
 * ``flight_end_ns``: the last bytes the server sent before the client spoke again (in TLS 1.3,
   the flight from ServerHello to Finished: what completes the client's handshake);
@@ -42,6 +42,7 @@ def need_capture() -> None:
 class Handshake:
     client_port: int
     syn_ns: int
+    synack_ns: int | None = None
     hello_ns: int | None = None
     flight_end_ns: int | None = None
     second_ns: int | None = None
@@ -59,7 +60,11 @@ def handshakes(packets: list[Packet], server_port: int) -> list[Handshake]:
             continue
         from_client = p.dport == server_port
         hs = out.get(p.sport if from_client else p.dport)
-        if hs is None or not p.payload:
+        if hs is None:
+            continue
+        if not from_client and p.flags == "SA":
+            hs.synack_ns = t
+        if not p.payload:
             continue
         if from_client:
             if hs.hello_ns is None:
