@@ -369,7 +369,7 @@ def _warm_up() -> None:
         response = dns.message.make_response(query)
         dns.message.from_wire(response.to_wire())
     for kind in (dns.rdatatype.A, dns.rdatatype.AAAA, dns.rdatatype.CNAME):
-        dns.rdata.get_rdata_class(dns.rdataclass.IN, kind)  # type: ignore[no-untyped-call]
+        dns.rdata.get_rdata_class(dns.rdataclass.IN, kind)  # type: ignore[no-untyped-call]  # dnspython leaves it untyped
 
 
 def _family_ok(address: str, family: int) -> bool:

@@ -178,7 +178,7 @@ class _Lines:
         self._thread.start()
 
     def _run(self, stream: object) -> None:
-        for raw in stream:  # type: ignore[attr-defined]
+        for raw in stream:  # type: ignore[attr-defined]  # a pipe: typed as object, iterable
             now = time.perf_counter_ns()
             line = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
             if self.ready_ns is None and _READY in line:
@@ -391,7 +391,7 @@ class Profiler:
         }
         if not sampling:
             status, note = _diagnose(err.text() + "\n" + out.text(), self.pid)
-            return ProfileResult(status, note, **base)  # type: ignore[arg-type]
+            return ProfileResult(status, note, **base)  # type: ignore[arg-type]  # base: fields by name
         return self._read(out, killed, base)
 
     def _read(self, out: _Lines, killed: bool, base: dict[str, object]) -> ProfileResult:
@@ -403,7 +403,7 @@ class Profiler:
             trace = read_chrometrace(self._output, self.idle_frames)
         except (OSError, LatencyAnalyzerError) as exc:
             why = "was killed after not stopping" if killed else f"left no readable trace ({exc})"
-            return ProfileResult(FAILED, f"py-spy {why}", **base)  # type: ignore[arg-type]
+            return ProfileResult(FAILED, f"py-spy {why}", **base)  # type: ignore[arg-type]  # as above
         anchor = ProfileAnchor(perf_ns=self._spawn[1], lo_ns=self._spawn[0], hi_ns=out.ready_ns)
         note = None
         if exited:
@@ -417,7 +417,7 @@ class Profiler:
             errors=int(counts[2]) if counts else None,
             target_exited=exited,
             output=self._output if self._keep else None,
-            **base,  # type: ignore[arg-type]
+            **base,  # type: ignore[arg-type]  # the common fields, each of its own type
         )
 
 

@@ -64,7 +64,7 @@ def import_grpc() -> None:
         UsageError: grpcio is not installed (the message names the ``grpc`` extra).
     """
     try:
-        import grpc.aio  # noqa: F401
+        import grpc.aio  # noqa: F401  (imported to check it imports; the receiver uses it later)
     except ModuleNotFoundError as exc:
         raise UsageError(
             f"the OTLP/gRPC receiver needs grpcio, which is not installed ({exc}); "

@@ -87,7 +87,7 @@ class _Conn(asyncio.Protocol):
         self.window = asyncio.Event()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport  # type: ignore[assignment]  # a stream server: always a Transport
         self.server.open.add(self)
         if not self.server.send_settings:
             return
