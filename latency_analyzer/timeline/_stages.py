@@ -1,4 +1,4 @@
-"""The stage vocabulary of DESIGN.md: budgets, diagnosis, plots and exports all use these names."""
+"""The stage vocabulary: budgets, diagnosis, plots and exports all use these names."""
 
 from __future__ import annotations
 

@@ -265,7 +265,8 @@ class Waterfall:
         return self
 
     def summary(self) -> dict[str, object]:
-        """The CLI ``--json`` object of DESIGN.md (plus a few more keys)."""
+        """The CLI ``--json`` object: e2e_s, ttft_s, tpot_s, output_tokens, http_version, stages
+        (the attribution, summing to e2e_s) and error, then a few more keys."""
         stages = self.attribution()
         return {
             "e2e_s": self.e2e,
