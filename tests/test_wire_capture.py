@@ -220,8 +220,14 @@ def _lag_p50(wfs: list[la.Waterfall]) -> float:
 async def test_kernel_stamps_hold_on_a_busy_host_while_read_lag_grows(
     llm: SubprocessLLMServer,
 ) -> None:
-    """With two CPU burners, the kernel-stamped boundaries stay within 0.2 ms at the median
-    and the read lag the waterfalls report grows: the load shows as data, not as error."""
+    """With two CPU burners, each stamp stays within 0.2 ms of the arrival of the newest
+    segment its read took (at the median), and the read lag the waterfalls report grows:
+    the load shows as data, not as error.
+
+    Against each boundary's own segment (``*_own``) the median is printed, not bound: when
+    our reads come late the kernel has merged the queued segments, and a server that split
+    one event's write (chunk size line, data, trailer) over several segments makes the
+    event's stamp that of its last piece."""
     with PacketCapture(llm.port) as cap:
         quiet = await _cold_series(llm.url, 10)
     quiet_errors = _errors(quiet, cap.flows())
@@ -229,8 +235,11 @@ async def test_kernel_stamps_hold_on_a_busy_host_while_read_lag_grows(
         busy = await _cold_series(llm.url, 10)
     busy_errors = _errors(busy, cap.flows())
     del busy_errors["connect"], quiet_errors["connect"]  # userspace instants, load moves them
-    _check(busy_errors, 200_000, None)
+    _check({k: v for k, v in busy_errors.items() if not k.endswith("_own")}, 200_000, None)
     _check(quiet_errors, 100_000, None)
+    for name in ("headers_own", "first_own", "tokens_own"):
+        med = statistics.median(abs(v) for v in busy_errors[name])
+        print(f"busy {name}: median |error| {med / 1e3:.1f} us")
     assert _lag_p50(busy) > _lag_p50(quiet), (_lag_p50(busy), _lag_p50(quiet))
 
 
