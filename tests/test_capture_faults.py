@@ -204,10 +204,15 @@ async def test_reasoning_tokens_are_timed_apart_from_the_answer(llm: LLMServer) 
     assert wf.ok and wf.ttfrt is not None and wf.ttfat is not None
     assert wf.ttft == wf.ttfrt
     # 3 reasoning tokens, 5 ms apart, then the answer: the server's own send times are the
-    # ground truth (15 ms apart, give or take the server's precision, tested in test_testbed)
-    sent = llm.records[-1].chunk_ns
+    # ground truth (the answer due 15 ms after the first reasoning token's deadline, never
+    # before it; how late a server sharing this process is, is its log's business: its
+    # precision is tested in test_testbed, at real-time priority)
+    record = llm.records[-1]
+    sent = record.chunk_ns
     assert wf.ttfat - wf.ttfrt == pytest.approx((sent[3] - sent[0]) / 1e9, abs=0.001)
-    assert (sent[3] - sent[0]) / 1e9 == pytest.approx(3 * 0.005, abs=0.002)
+    b = record.behavior
+    due = b.header_delay + b.queue + b.prefill + 3 * b.decode  # the answer's deadline
+    assert sent[3] - record.received_ns >= round(due * 1e9) - 1  # (deadlines rounded to ns)
 
 
 async def test_large_request_body_is_sent_before_wait(llm: LLMServer) -> None:
