@@ -14,28 +14,10 @@ on the ``perf_counter_ns`` clock waterfalls use (through the process's clock anc
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
-
-import pytest
 
 from latency_analyzer.testing.tcpdump import Packet
 from latency_analyzer.timeline import process_anchor
-
-
-def need_capture() -> None:
-    """Skip (outside CI) or fail (in CI) when tcpdump or the right to capture is missing."""
-    import shutil
-
-    missing = None
-    if shutil.which("tcpdump") is None:
-        missing = "tcpdump is not installed (apt-get install tcpdump)"
-    elif os.geteuid() != 0:
-        missing = "capturing on lo needs root"
-    if missing is not None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{missing}; CI must have it (.ci/run)")
-        pytest.skip(missing)
 
 
 @dataclass

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from conftest import assert_exact, tolerance
-from handshakes import during, handshakes, need_capture
+from handshakes import during, handshakes
 
 import latency_analyzer as la
 from latency_analyzer.testing import (
@@ -27,6 +27,7 @@ from latency_analyzer.testing import (
     SubprocessLLMServer,
     TestCA,
 )
+from latency_analyzer.testing.pcap import require_tcpdump
 from latency_analyzer.testing.tcpdump import TcpDump
 
 HEADER_DELAY, PREFILL, DECODE, TOKENS = 0.020, 0.040, 0.005, 20
@@ -287,7 +288,7 @@ async def test_round_trip_delay_shows_in_tls_and_wait(ca: TestCA, server_pem: Pa
     longer on a busy host) is the client's, so what the round trip added is held on the wire:
     from the ClientHello leaving to that flight's arrival.
     """
-    need_capture()
+    require_tcpdump()
     one_way = 0.005
     server = LLMServer(ssl=ca.server_context())
     rounds: dict[float, list[float]] = {}

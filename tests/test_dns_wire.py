@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import socket
 import statistics
 import subprocess
@@ -29,6 +28,7 @@ import latency_analyzer as la
 from latency_analyzer.capture import _dnswire
 from latency_analyzer.capture.resolver import DnsResolver
 from latency_analyzer.testing import DNSServer, LLMServer
+from latency_analyzer.testing.pcap import require_tcpdump
 from latency_analyzer.testing.tcpdump import Packet, TcpDump
 from latency_analyzer.timeline import process_anchor
 
@@ -42,19 +42,6 @@ with DNSServer(delay=float(sys.argv[1])).run_in_thread() as dns:
     print(dns.port, flush=True)
     sys.stdin.read()
 """
-
-
-def need_tcpdump() -> None:
-    """Skip (outside CI) or fail (CI) when a capture cannot be taken."""
-    why = None
-    if shutil.which("tcpdump") is None:
-        why = "tcpdump is not installed"
-    elif os.geteuid() != 0:
-        why = "capturing packets needs root"
-    if why is not None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"in CI: {why}")
-        pytest.skip(why)
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +100,7 @@ def _median_abs(values: list[int]) -> float:
 
 
 async def test_dns_stage_matches_the_capture_on_a_quiet_host(dns_port: int) -> None:
-    need_tcpdump()
+    require_tcpdump()
     wfs, packets = await _cold_lookups(dns_port, N)
     err = _errors(wfs, packets, dns_port)
     for name, values in (("start", err.start), ("end", err.end)):
@@ -135,7 +122,7 @@ async def test_dns_stage_holds_while_the_client_host_is_busy(dns_port: int) -> N
     client gets a small share of it and its reads fall behind the arrivals; the capture's stamps
     and the kernel's stamps do not move.
     """
-    need_tcpdump()
+    require_tcpdump()
     quiet = _errors(*await _cold_lookups(dns_port, N), dns_port)
     allowed = os.sched_getaffinity(0)
     cpu = min(allowed)

@@ -16,12 +16,13 @@ from pathlib import Path
 
 import pytest
 from conftest import assert_exact, tolerance
-from handshakes import during, handshakes, need_capture
+from handshakes import during, handshakes
 
 import latency_analyzer as la
 from latency_analyzer.testing import H2LLMServer, LLMServer, TestCA
 from latency_analyzer.testing._priority import realtime
 from latency_analyzer.testing.h2_server import SubprocessH2LLMServer
+from latency_analyzer.testing.pcap import require_tcpdump
 from latency_analyzer.testing.tcpdump import TcpDump
 
 HEADER_DELAY, PREFILL, DECODE, TOKENS = 0.020, 0.040, 0.005, 20
@@ -334,7 +335,7 @@ async def test_nginx_http2_and_curl_agree(nginx: str, ca: TestCA, tmp_path: Path
     handshake flight. Beside curl, whose ``time_appconnect`` is its own userspace clock, the
     comparison would hold both clients' wake-ups, which a busy host stretches.
     """
-    need_capture()
+    require_tcpdump()
     curl, cafile = _need("curl"), ca.ca_pem_path(tmp_path)
     port = int(nginx.rsplit(":", 1)[1])
     url = f"{nginx}/v1/chat/completions"
@@ -470,7 +471,7 @@ async def test_a_cold_http2_request_has_no_extra_round_trip_on_the_wire(
     kept this client from writing its HEADERS after the Finished); a request that waited for
     the SETTINGS would come a whole round trip later.
     """
-    need_capture()
+    require_tcpdump()
     one_way = 0.020
     ours: list[la.Waterfall] = []
     with _proxy_process(int(nginx.rsplit(":", 1)[1]), one_way) as port:
