@@ -30,7 +30,7 @@ import csv
 import io
 import json
 import random
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,7 +40,15 @@ from ..errors import UsageError
 if TYPE_CHECKING:
     from ._scenario import Scenario, Template
 
-__all__ = ["Dataset", "Sample", "check_fits", "load_dataset", "resolve_paths", "sample_body"]
+__all__ = [
+    "Dataset",
+    "Sample",
+    "check_fits",
+    "json_lines",
+    "load_dataset",
+    "resolve_paths",
+    "sample_body",
+]
 
 _KEYS = ("path", "field", "sample", "class_field", "weights", "max_tokens_field")
 _SAMPLING = ("random", "sequential")
@@ -172,17 +180,26 @@ def _text(f: Path) -> str:
         raise UsageError(f"dataset {f}: not UTF-8 text") from None
 
 
+def json_lines(text: str, label: str) -> Iterator[tuple[int, str, Any]]:
+    """``(line number, "<label>, line N", value)`` of each non-blank line of a JSON-lines text.
+
+    Raises:
+        UsageError: a line that is not JSON, named by ``label`` and its number.
+    """
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{label}, line {n}"
+        try:
+            yield n, where, json.loads(line)
+        except ValueError as exc:
+            raise UsageError(f"{where}: not JSON ({exc})") from None
+
+
 def _read_jsonl(p: Path, opts: Mapping[str, str | None]) -> list[Sample]:
     key = opts["field"] or "prompt"
     out = []
-    for n, line in enumerate(_text(p).splitlines(), 1):
-        if not line.strip():
-            continue
-        where = f"dataset {p}, line {n}"
-        try:
-            row = json.loads(line)
-        except ValueError as exc:
-            raise UsageError(f"{where}: not JSON ({exc})") from None
+    for n, where, row in json_lines(_text(p), f"dataset {p}"):
         if not isinstance(row, dict) or key not in row:
             raise UsageError(f"{where}: no field {key!r}")
         klass = _class(row, opts["class_field"], where)

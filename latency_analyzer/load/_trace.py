@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
+from ._datasets import json_lines
 
 __all__ = ["TraceRow", "load_trace"]
 
@@ -126,14 +126,7 @@ def _rows(p: Path) -> list[tuple[str, str, Mapping[str, Any]]]:
     if p.suffix != ".jsonl":
         raise UsageError(f"trace {p}: expected a .jsonl or a .csv file")
     out: list[tuple[str, str, Mapping[str, Any]]] = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        where = f"trace {p}, line {n}"
-        try:
-            row = json.loads(line)
-        except ValueError as exc:
-            raise UsageError(f"{where}: not JSON ({exc})") from None
+    for n, where, row in json_lines(text, f"trace {p}"):
         if not isinstance(row, dict):
             raise UsageError(f"{where}: expected a JSON object")
         out.append((str(n), where, row))
