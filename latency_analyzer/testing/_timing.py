@@ -137,6 +137,24 @@ class Service:
     runs it on a private event loop in a daemon thread (for synchronous callers).
     """
 
+    _host: str = "127.0.0.1"
+    _port: int = 0  # the bound port once started
+
+    @property
+    def host(self) -> str:
+        """The bound address."""
+        return self._host
+
+    @property
+    def port(self) -> int:
+        """The bound port (0 until started)."""
+        return self._port
+
+    def _base_url(self, scheme: str) -> str:
+        """``scheme://host:port``, an IPv6 host in brackets."""
+        host = f"[{self._host}]" if ":" in self._host else self._host
+        return f"{scheme}://{host}:{self._port}"
+
     async def start(self) -> None:
         """Bind and start serving."""
         raise NotImplementedError

@@ -152,20 +152,9 @@ class ALPNLLMServer(Service):
         self._pending: set[asyncio.Task[None]] = set()
 
     @property
-    def host(self) -> str:
-        """The bound address."""
-        return self._host
-
-    @property
-    def port(self) -> int:
-        """The bound port (0 until started)."""
-        return self._port
-
-    @property
     def url(self) -> str:
         """Base URL, ``https://127.0.0.1:PORT``."""
-        host = f"[{self._host}]" if ":" in self._host else self._host
-        return f"https://{host}:{self._port}"
+        return self._base_url("https")
 
     def _protocol_for(self, alpn: str | None) -> asyncio.BaseProtocol:
         if alpn == "h2":

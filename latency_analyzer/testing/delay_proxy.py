@@ -143,20 +143,9 @@ class DelayProxy(Service):
         self._transports: set[asyncio.Transport] = set()
 
     @property
-    def host(self) -> str:
-        """The listening address."""
-        return self._host
-
-    @property
-    def port(self) -> int:
-        """The listening port (0 until started)."""
-        return self._port
-
-    @property
     def url(self) -> str:
         """``scheme://host:port`` of the proxy."""
-        host = f"[{self._host}]" if ":" in self._host else self._host
-        return f"{self.scheme}://{host}:{self._port}"
+        return self._base_url(self.scheme)
 
     async def start(self) -> None:
         """Start listening."""

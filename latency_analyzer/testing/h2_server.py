@@ -348,17 +348,9 @@ class H2LLMServer(Service):
         self._server: asyncio.Server | None = None
 
     @property
-    def port(self) -> int:
-        return self._port
-
-    @property
-    def host(self) -> str:
-        return self._host
-
-    @property
     def url(self) -> str:
-        scheme = "https" if self.ssl is not None else "http"
-        return f"{scheme}://{self._host}:{self._port}"
+        """Base URL, ``http(s)://127.0.0.1:PORT``."""
+        return self._base_url("https" if self.ssl is not None else "http")
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()

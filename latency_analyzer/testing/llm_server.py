@@ -706,21 +706,10 @@ class LLMServer(Service):
         self._slot_free: asyncio.Semaphore | None = None
 
     @property
-    def host(self) -> str:
-        """The bound address."""
-        return self._host
-
-    @property
-    def port(self) -> int:
-        """The bound port (0 until started)."""
-        return self._port
-
-    @property
     def url(self) -> str:
         """Base URL, e.g. ``http://127.0.0.1:PORT`` (no trailing slash, no ``/v1``)."""
         scheme = "https" if self.ssl is not None else "http"
-        host = f"[{self._host}]" if ":" in self._host else self._host
-        return f"{scheme}://{host}:{self._port}"
+        return self._base_url(scheme)
 
     async def start(self) -> None:
         """Bind and start serving."""
