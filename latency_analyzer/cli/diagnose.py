@@ -18,13 +18,13 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from ._runfile import read_run
-from .analysis.diagnose import Finding, WhatIf, diagnose, format_findings, what_if
-from .capture.alpn import aprobe_alpn
-from .capture.client import Client
-from .errors import UsageError
-from .report.text import render_waterfall
-from .timeline import Waterfall
+from .._runfile import read_run
+from ..analysis.diagnose import Finding, WhatIf, diagnose, format_findings, what_if
+from ..capture.alpn import aprobe_alpn
+from ..capture.client import Client
+from ..errors import UsageError
+from ..report.text import render_waterfall
+from ..timeline import Waterfall
 
 __all__ = ["add_diagnose_parser", "cmd_diagnose", "probe_many"]
 

@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
-from ._checks import request_headers
-from ._datasets import check_fits, load_dataset
-from ._scenario import Scenario
-from ._slo import Slo, parse_slos
-from ._trace import load_trace
+from ..load._checks import request_headers
+from ..load._datasets import check_fits, load_dataset
+from ..load._scenario import Scenario
+from ..load._slo import Slo, parse_slos
+from ..load._trace import load_trace
 
 __all__ = ["add_request_arguments", "finish_scenario", "request_overrides"]
 

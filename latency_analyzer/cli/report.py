@@ -11,9 +11,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from ._runfile import read_run
-from .analysis import WaterfallSet
-from .errors import UsageError
+from .._runfile import read_run
+from ..analysis import WaterfallSet
+from ..errors import UsageError
 
 __all__ = ["add_report_parser", "cmd_report"]
 
@@ -40,7 +40,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     """Write the page; exit 0 (2: a bad run file, more than two runs, matplotlib missing)."""
     if len(args.runs) > 2:
         raise UsageError(f"report takes one run or two, got {len(args.runs)}")
-    from .report.page import Run, report_page
+    from ..report.page import Run, report_page
 
     runs = []
     for path in args.runs:

@@ -14,9 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ._runfile import read_run
-from .errors import UsageError
-from .timeline import Waterfall
+from .._runfile import read_run
+from ..errors import UsageError
+from ..timeline import Waterfall
 
 __all__ = ["add_export_parser", "cmd_export"]
 
@@ -25,10 +25,10 @@ Writer = Callable[..., Any]
 
 def _writers() -> dict[str, Writer]:
     """Format flag → writer; imported here, so the CLI starts without the exporters."""
-    from .report.chrome_trace import write_chrome_trace
-    from .report.har import write_har
-    from .report.otlp import write_otlp_json
-    from .report.tabular import write_csv, write_parquet
+    from ..report.chrome_trace import write_chrome_trace
+    from ..report.har import write_har
+    from ..report.otlp import write_otlp_json
+    from ..report.tabular import write_csv, write_parquet
 
     return {
         "har": write_har,

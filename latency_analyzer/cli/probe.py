@@ -1,4 +1,5 @@
-"""``latency-analyzer``: probe and diagnose a URL, run load, compare and export runs, or demo."""
+"""``latency-analyzer probe URL``: time one request (or ``--count N``) and show where its time
+went; ``--diagnose`` adds the findings."""
 
 from __future__ import annotations
 
@@ -6,22 +7,15 @@ import argparse
 import json
 import ssl
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from . import __version__
-from ._redact import redact_text
-from .capture.client import probe
-from .cli_diagnose import add_diagnose_parser, probe_many
-from .cli_export import add_export_parser
-from .cli_report import add_report_parser
-from .errors import RequestError, UsageError
-from .load.cli import add_compare_parser, add_run_parser
-from .report.text import render_waterfall
-from .timeline import Waterfall
+from ..capture.client import probe
+from ..report.text import render_waterfall
+from ..timeline import Waterfall
+from .diagnose import probe_many
 
-__all__ = ["main"]
+__all__ = ["add_probe_parser", "cmd_probe"]
 
 
 def _header(text: str) -> tuple[str, str]:
@@ -43,15 +37,9 @@ def _body(spec: str | None) -> tuple[Any, str | None]:
         return None, text
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="latency-analyzer",
-        description="Say where every millisecond of a request went: probe and diagnose a URL, "
-        "run load, compare, diagnose, export and report runs, or watch the demo.",
-    )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("probe", help="time one request and show where its time went")
+def add_probe_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``probe``: curl-like request options, the waterfall as text or ``--json``."""
+    p = subparsers.add_parser("probe", help="time one request and show where its time went")
     p.add_argument("url")
     p.add_argument(
         "-X", "--request", dest="method", metavar="METHOD", help="default: POST with -d, else GET"
@@ -113,14 +101,7 @@ def _parser() -> argparse.ArgumentParser:
     version.add_argument(
         "--http1.1", dest="http2", action="store_false", help="HTTP/1.1 only (no ALPN h2)"
     )
-    d = sub.add_parser("demo", help="start loopback servers with known delays and probe them")
-    d.add_argument("--json", action="store_true", help="print the waterfalls as JSON lines")
-    add_run_parser(sub)
-    add_compare_parser(sub)
-    add_diagnose_parser(sub)
-    add_export_parser(sub)
-    add_report_parser(sub)
-    return parser
+    p.set_defaults(func=cmd_probe)
 
 
 def _print(wf: Waterfall, as_json: bool, colour: bool) -> None:
@@ -130,7 +111,7 @@ def _print(wf: Waterfall, as_json: bool, colour: bool) -> None:
         print(render_waterfall(wf, colour=colour))
 
 
-def _probe(args: argparse.Namespace) -> int:
+def cmd_probe(args: argparse.Namespace) -> int:
     body, data = _body(args.data)
     if args.count != 1 or args.diagnose:
         args.colour = sys.stdout.isatty() and not args.no_color
@@ -152,30 +133,3 @@ def _probe(args: argparse.Namespace) -> int:
     )
     _print(wf, args.json, sys.stdout.isatty() and not args.no_color)
     return 0 if wf.ok else 1
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the console script; returns the exit status (1: a request failed, 2: a
-    usage error, 130: interrupted by Ctrl-C)."""
-    args = _parser().parse_args(argv)
-    try:
-        if args.command == "probe":
-            return _probe(args)
-        if getattr(args, "func", None) is not None:
-            return int(args.func(args))
-        from .demo import run_demo
-
-        return run_demo(as_json=args.json, colour=sys.stdout.isatty())
-    except BrokenPipeError:  # output piped into `head` and the like: stop quietly
-        sys.stderr.close()
-        return 0
-    except KeyboardInterrupt:  # Ctrl-C: the shell's convention, 128 + SIGINT, no traceback
-        print("latency-analyzer: interrupted", file=sys.stderr)
-        return 130
-    except (UsageError, RequestError, OSError) as exc:
-        print(f"latency-analyzer: {redact_text(str(exc))}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,9 +1,8 @@
-"""``latency-analyzer run SCENARIO.toml`` and ``latency-analyzer compare A B``.
+"""``latency-analyzer run SCENARIO.toml``: a load run, its summary and its run file.
 
-``add_run_parser`` and ``add_compare_parser`` add the two verbs to the top-level parser of
-``latency_analyzer.cli``; each sets ``func`` on its parser, which ``main`` calls. On a
-terminal, a run draws a progress line on stderr (count, elapsed time, ETA and, for an open
-loop, the achieved rate).
+``add_run_parser`` adds the verb to the top-level parser of ``latency_analyzer.cli`` and sets
+``func`` on it, which ``main`` calls. On a terminal, a run draws a progress line on stderr
+(count, elapsed time, ETA and, for an open loop, the achieved rate).
 """
 
 from __future__ import annotations
@@ -16,18 +15,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..analysis import WaterfallSet, check_claim, compare
+from ..load._files import load_scenario, scenario_preset
+from ..load._presets import PRESETS, length_buckets, preset_scenario, run_fault_injection
+from ..load._progress import ProgressLine
+from ..load._runner import Progress, RunResult, run
+from ..load._scenario import Scenario
+from ..load._slo import slo_report
+from ..load.distributed import auto_workers, run_ray_sync, run_workers_sync
 from ..metrics import Scraper, Target, summary_text
-from ._cli_options import add_request_arguments, finish_scenario, request_overrides
-from ._files import load_scenario, scenario_preset
-from ._presets import PRESETS, length_buckets, preset_scenario, run_fault_injection
-from ._progress import ProgressLine
-from ._runner import Progress, RunResult, run
-from ._scenario import Scenario
-from ._slo import slo_report
-from .distributed import auto_workers, run_ray_sync, run_workers_sync
+from ._run_options import add_request_arguments, finish_scenario, request_overrides
 
-__all__ = ["add_compare_parser", "add_run_parser", "cmd_compare", "cmd_run"]
+__all__ = ["add_run_parser", "cmd_run"]
 
 
 def add_run_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -73,23 +71,6 @@ def add_run_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
         "as far as the scenario can be split. Default: %(default)r",
     )
     p.set_defaults(func=cmd_run)
-
-
-def add_compare_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``compare A B``: speedups with CIs; ``--claim X --metric ttft_p95`` checks a claim."""
-    p = subparsers.add_parser("compare", help="compare two runs (baseline, candidate)")
-    p.add_argument("baseline", metavar="A.jsonl")
-    p.add_argument("candidate", metavar="B.jsonl")
-    p.add_argument("--metric", default="ttft_p95", help="for --claim. Default: %(default)r")
-    p.add_argument("--claim", type=float, metavar="X", help="claimed speedup (e.g. 15)")
-    p.add_argument(
-        "--pair-by",
-        choices=("auto", "name", "position"),
-        default="auto",
-        help="pair scenarios by name, by position, or by name when shared (Default: auto)",
-    )
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_compare)
 
 
 def _workers(text: str) -> int | str:
@@ -209,24 +190,3 @@ def _print_run(result: RunResult, args: argparse.Namespace, extra: dict[str, Any
     for key, value in extra.items():
         print(f"{key}: {json.dumps(value)}")
     print(f"set written to {args.out}", file=sys.stderr)
-
-
-def cmd_compare(args: argparse.Namespace) -> int:
-    """Print the comparison; with ``--claim``, exit 1 when the claim is not supported."""
-    base, cand = WaterfallSet.load(args.baseline), WaterfallSet.load(args.candidate)
-    comp = compare(base, cand, pair_by=args.pair_by)
-    claim = None
-    if args.claim is not None:
-        claim = check_claim(
-            base, cand, claimed=args.claim, metric=args.metric, pair_by=args.pair_by
-        )
-    if args.json:
-        out = comp.to_dict()
-        if claim is not None:
-            out["claim"] = {"text": str(claim), "verdict": claim.verdict}
-        print(json.dumps(out))
-    else:
-        print(comp.to_text())
-        if claim is not None:
-            print(claim)
-    return 1 if claim is not None and claim.verdict == "not supported" else 0

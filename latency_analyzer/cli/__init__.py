@@ -1,0 +1,58 @@
+"""``latency-analyzer``: probe and diagnose a URL, run load, compare and export runs, or demo.
+
+One module per verb; each adds its parser and sets ``func``, which ``main`` calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from .. import __version__
+from .._redact import redact_text
+from ..errors import RequestError, UsageError
+from .compare import add_compare_parser
+from .demo import add_demo_parser
+from .diagnose import add_diagnose_parser
+from .export import add_export_parser
+from .probe import add_probe_parser
+from .report import add_report_parser
+from .run import add_run_parser
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="latency-analyzer",
+        description="Say where every millisecond of a request went: probe and diagnose a URL, "
+        "run load, compare, diagnose, export and report runs, or watch the demo.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_probe_parser(sub)
+    add_demo_parser(sub)
+    add_run_parser(sub)
+    add_compare_parser(sub)
+    add_diagnose_parser(sub)
+    add_export_parser(sub)
+    add_report_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the console script; returns the exit status (1: a request failed, 2: a
+    usage error, 130: interrupted by Ctrl-C)."""
+    args = _parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except BrokenPipeError:  # output piped into `head` and the like: stop quietly
+        sys.stderr.close()
+        return 0
+    except KeyboardInterrupt:  # Ctrl-C: the shell's convention, 128 + SIGINT, no traceback
+        print("latency-analyzer: interrupted", file=sys.stderr)
+        return 130
+    except (UsageError, RequestError, OSError) as exc:
+        print(f"latency-analyzer: {redact_text(str(exc))}", file=sys.stderr)
+        return 2

@@ -1,0 +1,5 @@
+"""``python -m latency_analyzer.cli``: the console script."""
+
+from . import main
+
+raise SystemExit(main())
