@@ -46,8 +46,9 @@ def fuzz(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Benchmarks (overhead, HTTP/2 vs HTTP/1.1, load generation, kernel stamps, receivers
-    under a flood, Locust, trace replay); JSON in bench-results/."""
+    """Benchmarks (overhead, HTTP/2 vs HTTP/1.1, load generation, kernel stamps, many streams
+    over workers against a capture, receivers under a flood, Locust, trace replay); JSON in
+    bench-results/."""
     session.install(".")
     session.run(
         "python",
@@ -61,6 +62,8 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/bench_streams.py", "--out", "bench-results/streams.json")
     session.run("python", "benchmarks/bench_profile.py", "--out", "bench-results/profile.json")
     session.run("python", "benchmarks/bench_stamps.py", "--out", "bench-results/stamps.json")
+    out = "bench-results/streams_wire.json"  # 1,000 streams over workers vs a capture
+    session.run("python", "benchmarks/bench_streams_wire.py", "--out", out)
     session.run("python", "benchmarks/bench_receivers.py", "--out", "bench-results/receivers.json")
     session.install(".[locust]")
     session.run("python", "benchmarks/bench_locust.py", "--out", "bench-results/locust.json")
