@@ -114,39 +114,57 @@ class MoneyCase:
             return self.measured
         raise ValueError(f"which must be 'claimed' or 'measured', not {which!r}")
 
-    def _present(self) -> list[str]:
+    def present(self) -> list[str]:
+        """``"claimed"`` and/or ``"measured"``: the speedups this case holds."""
         return [w for w in ("claimed", "measured") if self._speedup(w) is not None]
+
+    def money(self, x: float) -> str:
+        """An amount in the case's unit (k, M or G, chosen from today's cost)."""
+        return _Unit(self.cost_per_month)(x)
+
+    def model(self) -> str:
+        return (
+            f"money on {self.metric}, today {self.money(self.cost_per_month)}/month; saving = "
+            "cost × (1 − 1/speedup): the same demand on 1/speedup of the GPUs"
+        )
+
+    def cells(self, which: str) -> dict[str, str]:
+        """``which``'s figures as text: ``speedup``, ``saving`` (per month) and, when the
+        case has them, ``net`` (over ``months``) and ``payback`` (months)."""
+        unit = _Unit(self.cost_per_month)
+        speed, saving = self._speedup(which), self.saving(which)
+        if speed is None or saving is None:
+            raise KeyError(which)
+        out = {"speedup": _speed(speed, which), "saving": unit.est(saving, which)}
+        net, back = self.net(which), self.payback_months(which)
+        if net is not None:
+            out["net"] = unit.est(net, which)
+        if back is not None:
+            out["payback"] = _months(back, which)
+        return out
+
+    def horizon(self) -> str | None:
+        """What ``net`` is, e.g. "net of migration (2.00 M) over 12 months"."""
+        if self.months is None:
+            return None
+        if self.migration_cost:
+            return (
+                f"net of migration ({self.money(self.migration_cost)}) over {self.months:g} months"
+            )
+        return f"saved over {self.months:g} months"
 
     def lines(self) -> list[str]:
         """The money, one line per figure, e.g. "claimed 15× saves 1.12 M/month"."""
-        unit = _Unit(self.cost_per_month)
-        out = [
-            f"money on {self.metric}, today {unit(self.cost_per_month)}/month; saving = cost × "
-            "(1 − 1/speedup): the same demand on 1/speedup of the GPUs"
-        ]
-        for w in self._present():
-            speed, saving = self._speedup(w), self.saving(w)
-            assert speed is not None and saving is not None
-            out.append(f"{w} {_speed(speed, w)} saves {unit.est(saving, w)}/month")
-        if self.months is not None:
-            net = "; ".join(f"{w} {unit.est(self._net_of(w), w)}" for w in self._present())
-            what = "net of migration" if self.migration_cost else "saved"
-            cost = f" ({unit(self.migration_cost)})" if self.migration_cost else ""
-            out.append(f"{what}{cost} over {self.months:g} months: {net}")
+        cells = {w: self.cells(w) for w in self.present()}
+        out = [self.model()]
+        out += [f"{w} {c['speedup']} saves {c['saving']}/month" for w, c in cells.items()]
+        horizon = self.horizon()
+        if horizon is not None:
+            out.append(f"{horizon}: " + "; ".join(f"{w} {c['net']}" for w, c in cells.items()))
         if self.migration_cost is not None:
-            back = "; ".join(f"{w} {_months(self._payback_of(w), w)}" for w in self._present())
-            out.append(f"migration ({unit(self.migration_cost)}) pays back in: {back}")
+            back = "; ".join(f"{w} {c['payback']}" for w, c in cells.items())
+            out.append(f"migration ({self.money(self.migration_cost)}) pays back in: {back}")
         return out
-
-    def _net_of(self, which: str) -> Estimate:
-        n = self.net(which)
-        assert n is not None
-        return n
-
-    def _payback_of(self, which: str) -> Estimate:
-        p = self.payback_months(which)
-        assert p is not None
-        return p
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -156,7 +174,7 @@ class MoneyCase:
             "months": self.months,
             "model": "saving = cost_per_month * (1 - 1/speedup)",
         }
-        for w in self._present():
+        for w in self.present():
             speed = self._speedup(w)
             assert speed is not None
             entry: dict[str, Any] = {"speedup": _json(speed, w)}

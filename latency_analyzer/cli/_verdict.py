@@ -68,8 +68,9 @@ def check_verdict_options(args: argparse.Namespace, runs: int) -> None:
         ["--cost-per-month"] if money else []
     )
     if wanted and runs != 2:
+        verb = "compares" if len(wanted) == 1 else "compare"
         raise UsageError(
-            f"{' and '.join(wanted)} compare a baseline with a candidate: give two runs, not {runs}"
+            f"{' and '.join(wanted)} {verb} a baseline with a candidate: give two runs, not {runs}"
         )
     if args.metric is not None and not wanted:
         raise UsageError("--metric names the statistic of --claim or --cost-per-month: give one")
