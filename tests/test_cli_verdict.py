@@ -9,6 +9,8 @@ pinned by golden files (regenerate with ``UPDATE_GOLDEN=1`` and review the diff)
 from __future__ import annotations
 
 import json
+import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -134,3 +136,27 @@ def test_options_that_cannot_apply_exit_2(
 ) -> None:
     assert main(["compare", *argv]) == 2
     assert says in capsys.readouterr().err
+
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "load.md"
+
+
+def _doc_commands() -> list[tuple[str, str]]:
+    """(command, output) of each ``console`` block of docs/load.md that runs ``compare``."""
+    text = DOC.read_text(encoding="utf-8")
+    blocks = re.findall(r"```console\n\$ (latency-analyzer compare [^\n]*)\n(.*?)```", text, re.S)
+    return [(cmd, out) for cmd, out in blocks]
+
+
+def test_docs_show_what_the_commands_print(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blocks = _doc_commands()
+    assert [("--within" in c, "--cost-per-month" in c) for c, _ in blocks] == [
+        (True, False),
+        (False, True),
+    ]
+    monkeypatch.chdir(DOC.parents[1])  # the commands name the fixtures from the repository
+    for command, shown in blocks:
+        main(shlex.split(command)[1:])
+        assert capsys.readouterr().out == shown, command
