@@ -129,6 +129,7 @@ def test_bad_numbers_exit_2_naming_the_option(
         ([*PAIR, "--months", "5", "--migration-cost", "5"], "--migration-cost, --months need"),
         ([*PAIR, "--metric", "ttft_p50"], "--metric names the statistic of --claim or"),
         ([*PAIR, "--cost-per-month", "9", "--metric", "ttft"], "metric must look like"),
+        ([*PAIR, "--cost-per-month", "9", "--metric", "connect_p50"], "no measured speedup of"),
     ],
 )
 def test_options_that_cannot_apply_exit_2(

@@ -80,3 +80,13 @@ def test_money_inputs_must_be_above_zero(key: str, value: float) -> None:
 def test_money_needs_a_speedup() -> None:
     with pytest.raises(UsageError, match="a claimed or a measured speedup"):
         money_case(metric="ttft_p95", cost_per_month=100.0)
+
+
+def test_money_needs_a_measured_speedup_that_is_a_number() -> None:
+    nan = Estimate(math.nan, math.nan, math.nan, 0)
+    with pytest.raises(UsageError, match="no measured speedup of connect_p50"):
+        money_case(metric="connect_p50", cost_per_month=100.0, measured=nan)
+    wide = money_case(
+        metric="ttft_p99", cost_per_month=100.0, measured=Estimate(2.0, math.nan, math.nan, 3)
+    )
+    assert wide.lines()[1] == "measured 2× [nan, nan] saves 50.00 [n/a, n/a]/month"

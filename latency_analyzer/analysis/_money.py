@@ -62,6 +62,8 @@ def _net(saving: Estimate, months: float, migration: float) -> Estimate:
 
 
 def _payback(saving: float, migration: float) -> float:
+    if math.isnan(saving):
+        return math.nan
     return migration / saving if saving > 0 else math.inf
 
 
@@ -204,7 +206,7 @@ def _speed(e: Estimate, which: str) -> str:
 
 def _months(e: Estimate, which: str) -> str:
     def one(x: float) -> str:
-        return "never" if math.isinf(x) else f"{x:.3g}"
+        return "never" if math.isinf(x) else "n/a" if math.isnan(x) else f"{x:.3g}"
 
     if which == "claimed":
         return f"{one(e.value)} months"
@@ -226,8 +228,11 @@ class _Unit:
     def est(self, e: Estimate, which: str) -> str:
         if which == "claimed":
             return self(e.value)
-        d = self.div
-        return f"{e.value / d:.2f}{self.suffix} [{e.low / d:.2f}, {e.high / d:.2f}]"
+
+        def num(x: float) -> str:
+            return f"{x / self.div:.2f}" if math.isfinite(x) else "n/a"
+
+        return f"{num(e.value)}{self.suffix} [{num(e.low)}, {num(e.high)}]"
 
 
 def money_case(
@@ -242,8 +247,8 @@ def money_case(
     """A :class:`MoneyCase`, its inputs checked.
 
     Raises:
-        UsageError: a cost, migration cost, months or claim that is not above 0, or neither a
-            claimed nor a measured speedup.
+        UsageError: a cost, migration cost, months or claim that is not above 0, neither a
+            claimed nor a measured speedup, or a measured one that is not a number above 0.
     """
     for name, value in (
         ("cost_per_month", cost_per_month),
@@ -255,4 +260,8 @@ def money_case(
             raise UsageError(f"{name} must be above 0, got {value!r}")
     if claimed is None and measured is None:
         raise UsageError("money needs a claimed or a measured speedup")
+    if measured is not None and not (math.isfinite(measured.value) and measured.value > 0):
+        raise UsageError(
+            f"no measured speedup of {metric} to put in money: a run has no value, or 0, for it"
+        )
     return MoneyCase(metric, cost_per_month, claimed, measured, migration_cost, months)
