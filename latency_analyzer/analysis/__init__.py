@@ -8,6 +8,7 @@
     ws.percentiles("ttft")["p95"]            # Estimate(value, low, high, n, confidence)
     print(ws.summary().to_text())
     print(check_claim(base, cand, claimed=15.0, metric="ttft_p95"))
+    print(reproduce([day1, day2, day3], within=0.05).verdict_line())
 
 Diagnosis (findings, what-ifs) is the subpackage ``latency_analyzer.analysis.diagnose``,
 imported on first use.
@@ -16,6 +17,8 @@ imported on first use.
 from ._columns import Tags
 from ._compare import ClaimCheck, Comparison, Speedup, check_claim, compare, gpu_cost
 from ._fingerprint import base_rtt, fingerprint
+from ._money import MoneyCase, money_case, monthly_saving
+from ._reproduce import Reproduction, Spread, parse_tolerance, reproduce
 from ._set import SET_SCHEMA, WaterfallSet
 from ._stats import (
     PERCENTILES,
@@ -35,8 +38,11 @@ __all__ = [
     "Comparison",
     "Estimate",
     "LogHistogram",
+    "MoneyCase",
+    "Reproduction",
     "Row",
     "Speedup",
+    "Spread",
     "Summary",
     "Tags",
     "WaterfallSet",
@@ -46,7 +52,11 @@ __all__ = [
     "fingerprint",
     "gpu_cost",
     "mean_ci",
+    "money_case",
+    "monthly_saving",
+    "parse_tolerance",
     "percentile",
     "percentile_ci",
     "percentiles_ci",
+    "reproduce",
 ]

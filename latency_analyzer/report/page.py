@@ -201,8 +201,17 @@ def _comparison(a: Run, b: Run) -> str:
     )
 
 
-def report_page(runs: Sequence[Run], *, title: str | None = None, slowest: int = 3) -> str:
+def report_page(
+    runs: Sequence[Run],
+    *,
+    title: str | None = None,
+    slowest: int = 3,
+    sections: Sequence[tuple[str, str]] = (),
+) -> str:
     """The page for one run or two (the second is compared with the first).
+
+    ``sections``: more (heading, HTML) sections, placed after the comparison (the CLI's
+    claim and money verdict is one).
 
     Raises:
         UsageError: matplotlib is not installed, or a run has no requests.
@@ -221,6 +230,8 @@ def report_page(runs: Sequence[Run], *, title: str | None = None, slowest: int =
     ]
     if len(runs) == 2:
         parts += ["<h2>Comparison</h2>", _comparison(runs[0], runs[1])]
+    for heading, body in sections:
+        parts += [f"<h2>{_esc(heading)}</h2>", body]
     for run in runs:
         parts += [
             f'<h2 id="run-{_esc(run.name)}">{_esc(run.name)}: conditions and percentiles</h2>',
