@@ -27,7 +27,7 @@ from typing import Any
 
 from ._timing import Service, check_loopback, deadline_after, sleep_until
 from .h2_server import H2LLMServer, _Conn
-from .llm_server import LLMServer
+from .llm import LLMServer
 
 __all__ = ["ALPNLLMServer", "Handshake"]
 
