@@ -2,7 +2,7 @@
 
 A child is ``python -m latency_analyzer.testing NAME CONFIG_JSON`` (see ``__main__``): it
 prints one JSON line once it serves (its port, its pid ...), answers each command line it
-reads on stdin with one JSON line, and exits when its stdin closes. :class:`ChildProcess` is
+reads on stdin with one JSON line, and exits when its stdin closes. :class:`ChildServer` is
 the parent's side of that exchange, :func:`serve_commands` the child's. A child shares neither
 the caller's GIL nor its event loop, and its records stay comparable with the caller's clock
 (``perf_counter_ns`` is CLOCK_MONOTONIC, shared by every process on the host).
@@ -17,53 +17,69 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
-__all__ = ["ChildProcess", "serve_commands"]
+__all__ = ["ChildServer", "serve_commands"]
 
 #: How long a child may take to answer, or to exit once asked to.
 CHILD_TIMEOUT_S = 10.0
 
+C = TypeVar("C", bound="ChildServer")
 
-class ChildProcess:
-    """The parent's side of one test-bed child process.
+
+class ChildServer:
+    """Base of the test-bed servers that run in a child process; use as ``with``.
 
     Args:
         name: the child's verb in ``python -m latency_analyzer.testing NAME``.
         config: its configuration, sent as JSON on the command line.
         what: how errors name it ("the test bed", ...).
+
+    Attributes:
+        config: what the child serves.
+        ready: the child's first line (``port``, ``pid``, ...), once started.
     """
 
     def __init__(self, name: str, config: Mapping[str, Any], what: str) -> None:
-        self.name, self.config, self.what = name, config, what
+        self.config = dict(config)
+        self.ready: dict[str, Any] = {}
+        self._name, self._what = name, what
         self._proc: subprocess.Popen[str] | None = None
         self._lock = threading.Lock()
 
-    def start(self) -> Any:
-        """Start the child and return its ready line; stop it again if that fails."""
-        args = [sys.executable, "-m", "latency_analyzer.testing", self.name]
+    def __enter__(self: C) -> C:
+        args = [sys.executable, "-m", "latency_analyzer.testing", self._name]
         pipe = subprocess.PIPE
         self._proc = subprocess.Popen(
             [*args, json.dumps(self.config)], stdin=pipe, stdout=pipe, text=True
         )
         try:
-            return self._reply()
+            self.ready = self._reply()
         except BaseException:
             self.close()
             raise
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @property
+    def port(self) -> int:
+        """The port the child serves on."""
+        return int(self.ready["port"])
 
     @property
     def pid(self) -> int:
         """The child's process id."""
         if self._proc is None:
-            raise RuntimeError(f"{self.what} is not running")
+            raise RuntimeError(f"{self._what} is not running")
         return self._proc.pid
 
-    def ask(self, command: str) -> Any:
+    def _ask(self, command: str) -> Any:
         """Send ``command`` and return the child's answer."""
         proc = self._proc
         if proc is None or proc.stdin is None or proc.poll() is not None:
-            raise RuntimeError(f"{self.what} is not running")
+            raise RuntimeError(f"{self._what} is not running")
         with self._lock:
             proc.stdin.write(command + "\n")
             proc.stdin.flush()
@@ -96,7 +112,7 @@ class ChildProcess:
         line = self._proc.stdout.readline()
         if not line:
             code = self._proc.wait(CHILD_TIMEOUT_S)
-            raise RuntimeError(f"{self.what} exited (status {code})")
+            raise RuntimeError(f"{self._what} exited (status {code})")
         return json.loads(line)
 
 

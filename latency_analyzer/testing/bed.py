@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from contextlib import AsyncExitStack
 from typing import Any
 
-from ._child import ChildProcess, serve_commands
+from ._child import ChildServer, serve_commands
 from .alpn_server import ALPNLLMServer
 from .delay_proxy import DelayProxy
 from .dns_server import DNSServer
@@ -37,7 +37,7 @@ from .tls import TestCA, server_context_from_pem
 __all__ = ["TestBed"]
 
 
-class TestBed:
+class TestBed(ChildServer):
     """DNS + delay proxy + dual-protocol TLS LLM server, in a child process (use as ``with``).
 
     Args:
@@ -66,7 +66,7 @@ class TestBed:
         self.ca = TestCA()
         self.path = path
         self._dir = tempfile.TemporaryDirectory(prefix="la-bed-")
-        self.config: dict[str, Any] = {
+        config = {
             "dns_delay": dns_delay,
             "one_way": one_way,
             "tls_delay": tls_delay,
@@ -74,30 +74,13 @@ class TestBed:
             "knobs": knobs,
             "tls_pem": str(self.ca.server_pem_path(self._dir.name)),
         }
+        super().__init__("bed", config, "the test bed")
         self.cafile = str(self.ca.ca_pem_path(self._dir.name))
-        self._child = ChildProcess("bed", self.config, "the test bed")
-        self._ports: dict[str, Any] = {}
-
-    def __enter__(self) -> TestBed:
-        try:
-            self._ports = self._child.start()
-        except BaseException:
-            self._dir.cleanup()
-            raise
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    @property
-    def port(self) -> int:
-        """The port clients connect to (the proxy's, when there is one)."""
-        return int(self._ports["port"])
 
     @property
     def resolver(self) -> str:
         """``HOST:PORT`` of the bed's DNS server (``Client(resolver=...)``, ``--resolver``)."""
-        return str(self._ports["resolver"])
+        return str(self.ready["resolver"])
 
     @property
     def url(self) -> str:
@@ -109,11 +92,6 @@ class TestBed:
         """:attr:`url` with the address instead of the name: no lookup (a DNS cache's case)."""
         return f"https://127.0.0.1:{self.port}{self.path}"
 
-    @property
-    def pid(self) -> int:
-        """The child's process id."""
-        return self._child.pid
-
     def client_context(self) -> ssl.SSLContext:
         """A client context trusting the bed's CA."""
         return self.ca.client_context()
@@ -122,12 +100,12 @@ class TestBed:
         """What the child recorded: ``dns`` ([received_ns, answered_ns] per query),
         ``handshakes`` (:class:`Handshake` fields), ``h1`` and ``h2`` request records, and
         ``anchor`` ([perf_counter_ns, time_ns] read together, to place them in epoch time)."""
-        reply: dict[str, Any] = self._child.ask("truth")
+        reply: dict[str, Any] = self._ask("truth")
         return reply
 
     def close(self) -> None:
         """Stop the child (close its stdin; kill it if it lingers) and remove its files."""
-        self._child.close()
+        super().close()
         self._dir.cleanup()
 
 

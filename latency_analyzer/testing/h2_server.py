@@ -37,7 +37,7 @@ import h2.exceptions
 import h2.settings
 import hyperframe.frame
 
-from ._child import ChildProcess, serve_commands
+from ._child import ChildServer, serve_commands
 from ._timing import Service, check_loopback, deadline_after, sleep_until
 from .llm.behavior import Behavior, chunk_bounds, prompt_tokens
 from .llm.wire import DONE, OpenAIEncoder, sse, usage
@@ -349,31 +349,23 @@ class H2LLMServer(Service):
         return SubprocessH2LLMServer(config)
 
 
-class SubprocessH2LLMServer:
+class SubprocessH2LLMServer(ChildServer):
     """Context manager running an :class:`H2LLMServer` in a child process.
 
     Started by ``python -m latency_analyzer.testing h2-server CONFIG_JSON``; the child
     prints ``{"port": ..., "pid": ...}`` once bound and exits when its stdin closes.
     """
 
+    host = "127.0.0.1"
+
     def __init__(self, config: Mapping[str, Any]) -> None:
-        self.config = dict(config)
-        self._child = ChildProcess("h2-server", self.config, "the HTTP/2 subprocess server")
-        self.port = 0
-        self.host = "127.0.0.1"
+        super().__init__("h2-server", config, "the HTTP/2 subprocess server")
 
     @property
     def url(self) -> str:
         """Base URL, ``http(s)://127.0.0.1:PORT``."""
         scheme = "https" if self.config.get("tls_pem") else "http"
         return f"{scheme}://{self.host}:{self.port}"
-
-    def __enter__(self) -> SubprocessH2LLMServer:
-        self.port = int(self._child.start()["port"])
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._child.close()
 
 
 def serve_h2_in_child(config_json: str) -> None:

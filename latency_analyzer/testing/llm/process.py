@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .._child import ChildProcess
+from .._child import ChildServer
 from .records import RequestRecord
 
 __all__ = ["SubprocessLLMServer"]
 
 
-class SubprocessLLMServer:
+class SubprocessLLMServer(ChildServer):
     """An :class:`LLMServer` in a child process, free of the caller's GIL and event loop.
 
     Started by ``python -m latency_analyzer.testing llm-server CONFIG_JSON``; the child
@@ -23,16 +23,7 @@ class SubprocessLLMServer:
     """
 
     def __init__(self, config: Mapping[str, Any]) -> None:
-        self.config = dict(config)
-        self._child = ChildProcess("llm-server", self.config, "the subprocess server")
-        self._port = 0
-
-    def __enter__(self) -> SubprocessLLMServer:
-        self._port = int(self._child.start()["port"])
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+        super().__init__("llm-server", config, "the subprocess server")
 
     @property
     def host(self) -> str:
@@ -40,41 +31,23 @@ class SubprocessLLMServer:
         return str(self.config["host"])
 
     @property
-    def port(self) -> int:
-        """The bound port."""
-        return self._port
-
-    @property
     def url(self) -> str:
         """Base URL, e.g. ``http://127.0.0.1:PORT``."""
         scheme = "https" if self.config.get("tls_pem") else "http"
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{scheme}://{host}:{self._port}"
-
-    @property
-    def pid(self) -> int:
-        """Process id of the child."""
-        return self._child.pid
+        return f"{scheme}://{host}:{self.port}"
 
     @property
     def records(self) -> list[RequestRecord]:
         """Ground truth fetched from the child (perf_counter_ns is host-wide on Linux)."""
-        return [RequestRecord.from_json(r) for r in self._child.ask("records")]
+        return [RequestRecord.from_json(r) for r in self._ask("records")]
 
     @property
     def connections(self) -> int:
         """TCP connections the child accepted."""
-        return int(self._child.ask("stats")["connections"])
+        return int(self._ask("stats")["connections"])
 
     @property
     def requests(self) -> int:
         """Completion requests the child received."""
-        return int(self._child.ask("stats")["requests"])
-
-    def kill(self) -> None:
-        """SIGKILL the child at once (a "server died" fault); later connects are refused."""
-        self._child.kill()
-
-    def close(self) -> None:
-        """Ask the child to stop (close its stdin), kill it if it lingers, reap it."""
-        self._child.close()
+        return int(self._ask("stats")["requests"])
