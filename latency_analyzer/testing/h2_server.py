@@ -316,7 +316,6 @@ class H2LLMServer(Service):
         self.records: list[H2StreamRecord] = []
         self.connections = 0
         self.open: set[_Conn] = set()
-        self._server: asyncio.Server | None = None
 
     @property
     def url(self) -> str:
@@ -324,20 +323,17 @@ class H2LLMServer(Service):
         return self._base_url("https" if self.ssl is not None else "http")
 
     async def start(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: _Conn(self), self._host, self._port, ssl=self.ssl
-        )
-        self._port = int(self._server.sockets[0].getsockname()[1])
+        """Bind and start serving."""
+        await self._listen(lambda: _Conn(self), ssl=self.ssl)
 
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        """Close the listener and abort every connection."""
+        server = self._close_listener()
+        if server is not None:
             for conn in list(self.open):
                 if conn.transport is not None:
                     conn.transport.abort()
-            await self._server.wait_closed()
-            self._server = None
+            await server.wait_closed()
 
     def run_in_subprocess(self, tls_pem: str | None = None) -> SubprocessH2LLMServer:
         """Serve this configuration from a child process (no GIL shared with the caller)."""

@@ -139,7 +139,6 @@ class LLMServer(Service):
         self.connections = 0
         self.requests = 0
         self._runner: web.AppRunner | None = None
-        self._server: asyncio.Server | None = None
         self._stopping = asyncio.Event()
         self._slot_free: asyncio.Semaphore | None = None
 
@@ -166,18 +165,12 @@ class LLMServer(Service):
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=_SHUTDOWN_TIMEOUT_S)
         await self._runner.setup()
         self._stopping = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            self._new_connection, self._host, self._port, ssl=self.ssl
-        )
-        self._port = int(self._server.sockets[0].getsockname()[1])
+        await self._listen(self._new_connection, ssl=self.ssl)
 
     async def stop(self) -> None:
         """Stop: release hanging requests, close the listener and every connection."""
         self._stopping.set()
-        if self._server is not None:
-            self._server.close()
-            self._server = None
+        self._close_listener()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
