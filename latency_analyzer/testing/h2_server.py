@@ -40,7 +40,7 @@ import hyperframe.frame
 from ._child import ChildServer, serve_commands
 from ._timing import Service, check_loopback, deadline_after, sleep_until
 from .llm.behavior import Behavior, chunk_bounds, prompt_tokens
-from .llm.wire import DONE, OpenAIEncoder, sse, usage
+from .llm.wire import DONE, OpenAIEncoder, model_name, sse
 from .tls import server_context_from_pem
 
 __all__ = ["H2LLMServer", "H2StreamRecord", "SubprocessH2LLMServer", "serve_h2_in_child"]
@@ -199,7 +199,8 @@ class _Exchange:
         self.chat = request.headers.get(b":path", b"").endswith(b"/chat/completions")
         self.include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         self.prompt_tokens = prompt_tokens(body)
-        self.encoder = OpenAIEncoder(f"h2-{self.stream_id}", self.behavior.model, self.chat)
+        model = model_name(body, self.behavior.model)
+        self.encoder = OpenAIEncoder(f"h2-{self.stream_id}", model, self.chat)
         self.headers_ns: int | None = None
         self.chunk_ns: list[int] = []
 
@@ -225,7 +226,7 @@ class _Exchange:
             if self.chat and b.role_chunk:
                 await self.conn.send(self.stream_id, sse(self.encoder.role_chunk()))
             if await self._tokens(headers_due):
-                counts = usage(self.prompt_tokens, b.tokens)
+                counts = self.encoder.usage_for(b, self.prompt_tokens, b.tokens)
                 asked = b.usage and self.include_usage
                 tail = sse(self.encoder.usage_chunk(counts)) if asked else b""
                 await self.conn.send(self.stream_id, tail + DONE, end=True)

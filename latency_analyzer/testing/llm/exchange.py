@@ -21,7 +21,7 @@ from .._timing import abort_with_rst, deadline_after, sleep_until
 from .behavior import Behavior, chunk_bounds
 from .records import RecordBuilder
 from .telemetry import server_timing
-from .wire import DONE, OpenAIEncoder, error_body, sse, token_texts, usage
+from .wire import DONE, OpenAIEncoder, error_body, model_name, sse, token_texts
 
 __all__ = ["Exchange", "close", "respond", "send_json"]
 
@@ -39,15 +39,11 @@ class Exchange:
     created: int
     server_timing: bool = False
 
-    @property
-    def model(self) -> str:
-        model = self.body.get("model")
-        return model if isinstance(model, str) else self.behavior.model
-
     @functools.cached_property
     def encoder(self) -> OpenAIEncoder:
         """The payloads of this response."""
-        return OpenAIEncoder(self.request_id, self.model, self.chat, self.created)
+        model = model_name(self.body, self.behavior.model)
+        return OpenAIEncoder(self.request_id, model, self.chat, self.created)
 
     @property
     def include_usage(self) -> bool:
@@ -66,8 +62,8 @@ class Exchange:
 
     def usage(self, completion_tokens: int) -> dict[str, Any]:
         """The ``usage`` object of this response."""
-        reasoning = min(self.behavior.reasoning_tokens, completion_tokens) if self.chat else 0
-        return usage(self.recorder.prompt_tokens, completion_tokens, reasoning)
+        prompt = self.recorder.prompt_tokens
+        return self.encoder.usage_for(self.behavior, prompt, completion_tokens)
 
 
 def _full_body(ex: Exchange) -> dict[str, Any]:

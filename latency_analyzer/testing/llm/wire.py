@@ -15,7 +15,16 @@ from typing import Any
 
 from .behavior import Behavior
 
-__all__ = ["DONE", "OpenAIEncoder", "error_body", "sse", "token_text", "token_texts", "usage"]
+__all__ = [
+    "DONE",
+    "OpenAIEncoder",
+    "error_body",
+    "model_name",
+    "sse",
+    "token_text",
+    "token_texts",
+    "usage",
+]
 
 _ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError"}
 
@@ -50,6 +59,12 @@ def token_texts(behavior: Behavior, chat: bool, start: int, stop: int) -> tuple[
 
     reasoning = "".join(text(i) for i in range(start, split))
     return reasoning, "".join(text(i) for i in range(split, stop))
+
+
+def model_name(body: Mapping[str, Any], default: str) -> str:
+    """The model a response names: the request's ``model``, else the server's ``default``."""
+    model = body.get("model")
+    return model if isinstance(model, str) else default
 
 
 def usage(prompt: int, completion: int, reasoning: int = 0) -> dict[str, Any]:
@@ -121,6 +136,11 @@ class OpenAIEncoder:
         """vLLM's first chat chunk: the assistant role and empty content."""
         delta = {"role": "assistant", "content": ""}
         return self.envelope([{"index": 0, "delta": delta, "logprobs": None}])
+
+    def usage_for(self, behavior: Behavior, prompt: int, completion: int) -> dict[str, Any]:
+        """The ``usage`` of ``completion`` tokens (the first ones reasoning, in a chat)."""
+        reasoning = min(behavior.reasoning_tokens, completion) if self.chat else 0
+        return usage(prompt, completion, reasoning)
 
     def usage_chunk(self, counts: Mapping[str, Any]) -> dict[str, Any]:
         """The closing ``choices: []`` chunk carrying ``usage``."""
