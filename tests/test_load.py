@@ -263,7 +263,7 @@ async def test_fault_injection_drop_window() -> None:
 _SPARE = """
 import sys
 from latency_analyzer.testing._priority import realtime
-from latency_analyzer.testing.llm_server import serve_in_child
+from latency_analyzer.testing.llm.child import serve_in_child
 realtime()
 print("ready", flush=True)
 serve_in_child(sys.stdin.readline())
@@ -279,7 +279,7 @@ class _Restartable:
     """
 
     def __init__(self) -> None:
-        config = LLMServer(header_delay=0.002, tokens=2).run_in_subprocess()._config
+        config = LLMServer(header_delay=0.002, tokens=2).run_in_subprocess().config
         self._config = json.dumps(config)
         self._spares = [self._spawn() for _ in range(2)]  # the first start and the restart
         self._all = list(self._spares)

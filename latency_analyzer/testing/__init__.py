@@ -38,14 +38,7 @@ from .bed import TestBed
 from .delay_proxy import DelayProxy
 from .dns_server import DNSQuery, DNSServer
 from .h2_server import H2LLMServer, H2StreamRecord
-from .llm_server import (
-    FAULTS,
-    Behavior,
-    LLMServer,
-    RequestRecord,
-    SubprocessLLMServer,
-    token_text,
-)
+from .llm import FAULTS, Behavior, LLMServer, RequestRecord, SubprocessLLMServer, token_text
 from .tls import SERVER_NAMES, TestCA
 
 __all__ = [

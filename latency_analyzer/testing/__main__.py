@@ -3,8 +3,9 @@
 ``python -m latency_analyzer.testing [--decode S] [--prefill S] ...`` serves an
 :class:`~latency_analyzer.testing.LLMServer` and a :class:`~latency_analyzer.testing.DNSServer`
 on loopback until interrupted, printing their addresses. ``llm-server CONFIG_JSON`` is the
-child side of :meth:`LLMServer.run_in_subprocess` and ``bed CONFIG_JSON`` that of
-:class:`~latency_analyzer.testing.TestBed` (neither is meant for humans).
+child side of :meth:`LLMServer.run_in_subprocess`, ``h2-server CONFIG_JSON`` that of
+:meth:`H2LLMServer.run_in_subprocess` and ``bed CONFIG_JSON`` that of
+:class:`~latency_analyzer.testing.TestBed` (none is meant for humans).
 """
 
 from __future__ import annotations
@@ -13,11 +14,21 @@ import argparse
 import asyncio
 import contextlib
 import sys
+from collections.abc import Callable
 
 from ._priority import realtime
 from .bed import serve_bed
 from .dns_server import DNSServer
-from .llm_server import LLMServer, serve_in_child
+from .h2_server import serve_h2_in_child
+from .llm import LLMServer
+from .llm.child import serve_in_child
+
+#: The child processes' verbs: each takes its configuration as one JSON argument.
+_CHILDREN: dict[str, Callable[[str], None]] = {
+    "llm-server": serve_in_child,
+    "h2-server": serve_h2_in_child,
+    "bed": serve_bed,
+}
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -42,13 +53,10 @@ async def _serve(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> None:
     """Entry point of ``python -m latency_analyzer.testing``."""
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["llm-server"]:
+    child = _CHILDREN.get(argv[0]) if argv else None
+    if child is not None:
         realtime()  # ground truth that host load cannot delay, where the OS allows it
-        serve_in_child(argv[1])
-        return
-    if argv[:1] == ["bed"]:
-        realtime()
-        serve_bed(argv[1])
+        child(argv[1])
         return
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_serve(_parse(argv)))

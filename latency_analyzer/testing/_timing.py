@@ -13,8 +13,10 @@ import contextlib
 import ipaddress
 import os
 import socket
+import ssl as ssl_module
 import struct
 import time
+from collections.abc import Callable
 from types import TracebackType
 from typing import TypeVar
 
@@ -139,6 +141,7 @@ class Service:
 
     _host: str = "127.0.0.1"
     _port: int = 0  # the bound port once started
+    _server: asyncio.Server | None = None  # the listener, while listening
 
     @property
     def host(self) -> str:
@@ -150,10 +153,31 @@ class Service:
         """The bound port (0 until started)."""
         return self._port
 
+    def _authority(self) -> str:
+        """``host:port``, an IPv6 host in brackets."""
+        host = f"[{self._host}]" if ":" in self._host else self._host
+        return f"{host}:{self._port}"
+
     def _base_url(self, scheme: str) -> str:
         """``scheme://host:port``, an IPv6 host in brackets."""
-        host = f"[{self._host}]" if ":" in self._host else self._host
-        return f"{scheme}://{host}:{self._port}"
+        return f"{scheme}://{self._authority()}"
+
+    async def _listen(
+        self,
+        factory: Callable[[], asyncio.BaseProtocol],
+        ssl: ssl_module.SSLContext | None = None,
+    ) -> None:
+        """Listen on TCP ``host:port`` (port 0: a free one, then kept) with ``factory``."""
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(factory, self._host, self._port, ssl=ssl)
+        self._port = int(self._server.sockets[0].getsockname()[1])
+
+    def _close_listener(self) -> asyncio.Server | None:
+        """Stop accepting connections; return the closed listener (None if there was none)."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
+        return server
 
     async def start(self) -> None:
         """Bind and start serving."""

@@ -27,7 +27,7 @@ from typing import Any
 
 from ._timing import Service, check_loopback, deadline_after, sleep_until
 from .h2_server import H2LLMServer, _Conn
-from .llm_server import LLMServer
+from .llm import LLMServer
 
 __all__ = ["ALPNLLMServer", "Handshake"]
 
@@ -148,7 +148,6 @@ class ALPNLLMServer(Service):
         self.h1 = LLMServer(host=self._host, **knobs)
         self.h2 = H2LLMServer(host=self._host, **knobs)
         self.handshakes: list[Handshake] = []
-        self._server: asyncio.Server | None = None
         self._pending: set[asyncio.Task[None]] = set()
 
     @property
@@ -164,15 +163,11 @@ class ALPNLLMServer(Service):
     async def start(self) -> None:
         """Start both servers' handlers and bind the TLS port."""
         await self.h1.start()
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: _Dispatch(self), self._host, self._port)
-        self._port = int(self._server.sockets[0].getsockname()[1])
+        await self._listen(lambda: _Dispatch(self))
 
     async def stop(self) -> None:
         """Close the port, every connection and both servers."""
-        if self._server is not None:
-            self._server.close()
-            self._server = None
+        self._close_listener()
         for task in list(self._pending):
             task.cancel()
         for conn in list(self.h2.open):

@@ -19,18 +19,16 @@ Example::
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
 import ssl
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from contextlib import AsyncExitStack
 from typing import Any
 
+from ._child import ChildServer, serve_commands
 from .alpn_server import ALPNLLMServer
 from .delay_proxy import DelayProxy
 from .dns_server import DNSServer
@@ -38,10 +36,8 @@ from .tls import TestCA, server_context_from_pem
 
 __all__ = ["TestBed"]
 
-_CHILD_TIMEOUT_S = 10.0
 
-
-class TestBed:
+class TestBed(ChildServer):
     """DNS + delay proxy + dual-protocol TLS LLM server, in a child process (use as ``with``).
 
     Args:
@@ -70,7 +66,7 @@ class TestBed:
         self.ca = TestCA()
         self.path = path
         self._dir = tempfile.TemporaryDirectory(prefix="la-bed-")
-        self.config: dict[str, Any] = {
+        config = {
             "dns_delay": dns_delay,
             "one_way": one_way,
             "tls_delay": tls_delay,
@@ -78,33 +74,13 @@ class TestBed:
             "knobs": knobs,
             "tls_pem": str(self.ca.server_pem_path(self._dir.name)),
         }
+        super().__init__("bed", config, "the test bed")
         self.cafile = str(self.ca.ca_pem_path(self._dir.name))
-        self._proc: subprocess.Popen[str] | None = None
-        self._ports: dict[str, Any] = {}
-
-    def __enter__(self) -> TestBed:
-        args = [sys.executable, "-m", "latency_analyzer.testing", "bed", json.dumps(self.config)]
-        pipe = subprocess.PIPE
-        self._proc = subprocess.Popen(args, stdin=pipe, stdout=pipe, text=True)
-        try:
-            self._ports = self._reply()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    @property
-    def port(self) -> int:
-        """The port clients connect to (the proxy's, when there is one)."""
-        return int(self._ports["port"])
 
     @property
     def resolver(self) -> str:
         """``HOST:PORT`` of the bed's DNS server (``Client(resolver=...)``, ``--resolver``)."""
-        return str(self._ports["resolver"])
+        return str(self.ready["resolver"])
 
     @property
     def url(self) -> str:
@@ -116,13 +92,6 @@ class TestBed:
         """:attr:`url` with the address instead of the name: no lookup (a DNS cache's case)."""
         return f"https://127.0.0.1:{self.port}{self.path}"
 
-    @property
-    def pid(self) -> int:
-        """The child's process id."""
-        if self._proc is None:
-            raise RuntimeError("the test bed is not running")
-        return self._proc.pid
-
     def client_context(self) -> ssl.SSLContext:
         """A client context trusting the bed's CA."""
         return self.ca.client_context()
@@ -131,37 +100,13 @@ class TestBed:
         """What the child recorded: ``dns`` ([received_ns, answered_ns] per query),
         ``handshakes`` (:class:`Handshake` fields), ``h1`` and ``h2`` request records, and
         ``anchor`` ([perf_counter_ns, time_ns] read together, to place them in epoch time)."""
-        proc = self._proc
-        if proc is None or proc.stdin is None or proc.poll() is not None:
-            raise RuntimeError("the test bed is not running")
-        proc.stdin.write("truth\n")
-        proc.stdin.flush()
-        reply: dict[str, Any] = self._reply()
+        reply: dict[str, Any] = self._ask("truth")
         return reply
 
     def close(self) -> None:
         """Stop the child (close its stdin; kill it if it lingers) and remove its files."""
-        proc, self._proc = self._proc, None
-        if proc is not None:
-            if proc.stdin is not None:
-                with contextlib.suppress(BrokenPipeError, ValueError):
-                    proc.stdin.close()
-            try:
-                proc.wait(_CHILD_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(_CHILD_TIMEOUT_S)
-            if proc.stdout is not None:
-                proc.stdout.close()
+        super().close()
         self._dir.cleanup()
-
-    def _reply(self) -> Any:
-        assert self._proc is not None and self._proc.stdout is not None
-        line = self._proc.stdout.readline()
-        if not line:
-            code = self._proc.wait(_CHILD_TIMEOUT_S)
-            raise RuntimeError(f"the test bed exited (status {code})")
-        return json.loads(line)
 
 
 def serve_bed(config_json: str) -> None:
@@ -185,15 +130,11 @@ async def _bed_main(config: Mapping[str, Any]) -> None:
         if config["one_way"] > 0:
             proxy = DelayProxy(llm.host, llm.port, config["one_way"])
             port = (await stack.enter_async_context(proxy)).port
-        print(json.dumps({"port": port, "resolver": dns.nameserver}), flush=True)
-        loop = asyncio.get_running_loop()
-        while command := (await loop.run_in_executor(None, sys.stdin.readline)).strip():
-            print(json.dumps(_answer(command, dns, llm)), flush=True)
+        ready = {"port": port, "resolver": dns.nameserver}
+        await serve_commands(ready, {"truth": lambda: _truth(dns, llm)})
 
 
-def _answer(command: str, dns: DNSServer, llm: ALPNLLMServer) -> Any:
-    if command != "truth":
-        return {"error": f"unknown command {command!r}"}
+def _truth(dns: DNSServer, llm: ALPNLLMServer) -> dict[str, Any]:
     return {
         "anchor": [time.perf_counter_ns(), time.time_ns()],  # this host's two clocks, now
         "dns": [[q.received_ns, q.answered_ns] for q in dns.log],

@@ -27,7 +27,7 @@ import os
 import signal
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ from typing import Any
 from aiohttp import web
 
 from ._priority import realtime
+from .llm.wire import DONE, OpenAIEncoder, sse
 
 __all__ = [
     "BusyConfig",
@@ -166,18 +167,8 @@ class _Engine:
 
 
 def _chunk(request_id: str, index: int, last: bool) -> bytes:
-    choice = {
-        "index": 0,
-        "delta": {"content": f"t{index} "},
-        "finish_reason": "length" if last else None,
-    }
-    body = {
-        "id": request_id,
-        "object": "chat.completion.chunk",
-        "model": "busy",
-        "choices": [choice],
-    }
-    return f"data: {json.dumps(body)}\n\n".encode()
+    finish = "length" if last else None
+    return sse(OpenAIEncoder(request_id, "busy").token_chunk(f"t{index} ", finish=finish))
 
 
 class _App:
@@ -209,7 +200,7 @@ class _App:
             decode_step(cfg.decode_step)
             await resp.write(_chunk(request_id, step + 1, step + 1 == cfg.steps))
         stages["decode"] = [t3, time.perf_counter_ns()]
-        await resp.write(b"data: [DONE]\n\n")
+        await resp.write(DONE)
         await resp.write_eof()
         # The marker runs after the response is complete, while the client reads its last
         # bytes: never right before a stage (CPU there would shade the queue's idle start),
@@ -272,15 +263,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=BusyConfig.steps)
     parser.add_argument("--engine", choices=("inline", "process"), default="inline")
     args = parser.parse_args(argv)
-    config = BusyConfig(
-        queue=args.queue,
-        tokenize=args.tokenize,
-        prefill=args.prefill,
-        decode_step=args.decode_step,
-        steps=args.steps,
-        engine=args.engine,
-        marker=args.marker,
-    )
+    config = BusyConfig(**{f.name: getattr(args, f.name) for f in fields(BusyConfig)})
     realtime()  # its stages run on time however busy the host is, where the OS allows it
     asyncio.run(serve(config, args.port_file))
 

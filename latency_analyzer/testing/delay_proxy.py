@@ -138,7 +138,6 @@ class DelayProxy(Service):
         self._host = check_loopback(host)
         self._port = port
         self.connections = 0
-        self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._transports: set[asyncio.Transport] = set()
 
@@ -149,15 +148,11 @@ class DelayProxy(Service):
 
     async def start(self) -> None:
         """Start listening."""
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(self._accept, self._host, self._port)
-        self._port = int(self._server.sockets[0].getsockname()[1])
+        await self._listen(self._accept)
 
     async def stop(self) -> None:
         """Stop listening and abort every proxied connection."""
-        if self._server is not None:
-            self._server.close()
-            self._server = None
+        self._close_listener()
         for transport in list(self._transports):
             transport.abort()
         for task in list(self._tasks):

@@ -101,19 +101,16 @@ class DNSServer(Service):
 
     @property
     def address(self) -> str:
-        """The bound address, e.g. ``"127.0.0.1"``."""
+        """The bound address, e.g. ``"127.0.0.1"`` (the same as :attr:`host`)."""
         return self._host
 
     @property
-    def port(self) -> int:
-        """The bound port (UDP and TCP; 0 until started)."""
-        return self._port
-
-    @property
     def nameserver(self) -> str:
-        """``"127.0.0.1:PORT"`` (``"[::1]:PORT"`` for IPv6), as a resolver option takes it."""
-        host = f"[{self._host}]" if ":" in self._host else self._host
-        return f"{host}:{self._port}"
+        """``"127.0.0.1:PORT"`` (``"[::1]:PORT"`` for IPv6), as a resolver option takes it.
+
+        The port is the same for UDP and TCP (0 until started).
+        """
+        return self._authority()
 
     async def start(self) -> None:
         """Bind UDP and TCP on one free port and start answering."""

@@ -22,9 +22,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import ssl as ssl_module
-import subprocess
-import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -38,11 +37,13 @@ import h2.exceptions
 import h2.settings
 import hyperframe.frame
 
-from ._priority import realtime
+from ._child import ChildServer, serve_commands
 from ._timing import Service, check_loopback, deadline_after, sleep_until
-from .llm_server import Behavior, token_text
+from .llm.behavior import Behavior, chunk_bounds, prompt_tokens
+from .llm.wire import DONE, OpenAIEncoder, model_name, sse
+from .tls import server_context_from_pem
 
-__all__ = ["H2LLMServer", "H2StreamRecord", "SubprocessH2LLMServer"]
+__all__ = ["H2LLMServer", "H2StreamRecord", "SubprocessH2LLMServer", "serve_h2_in_child"]
 
 H2_FAULTS = frozenset({"rst_stream", "goaway", "close", "bad_status", "nested_500"})
 
@@ -197,6 +198,9 @@ class _Exchange:
         self.behavior: Behavior = conn.server.behavior.override(knobs)
         self.chat = request.headers.get(b":path", b"").endswith(b"/chat/completions")
         self.include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        self.prompt_tokens = prompt_tokens(body)
+        model = model_name(body, self.behavior.model)
+        self.encoder = OpenAIEncoder(f"h2-{self.stream_id}", model, self.chat)
         self.headers_ns: int | None = None
         self.chunk_ns: list[int] = []
 
@@ -219,25 +223,21 @@ class _Exchange:
         )
         self.conn.flush()
         try:
-            if self.chat:
-                await self.conn.send(
-                    self.stream_id, _sse(self._chunk({"role": "assistant", "content": ""}))
-                )
+            if self.chat and b.role_chunk:
+                await self.conn.send(self.stream_id, sse(self.encoder.role_chunk()))
             if await self._tokens(headers_due):
-                tail = _sse(self._usage()) if b.usage and self.include_usage else b""
-                await self.conn.send(self.stream_id, tail + b"data: [DONE]\n\n", end=True)
+                counts = self.encoder.usage_for(b, self.prompt_tokens, b.tokens)
+                asked = b.usage and self.include_usage
+                tail = sse(self.encoder.usage_chunk(counts)) if asked else b""
+                await self.conn.send(self.stream_id, tail + DONE, end=True)
         finally:
             self._publish()
 
     async def _tokens(self, headers_due: int) -> bool:
         """Token chunks at their deadlines; False if a fault ended the stream."""
         b = self.behavior
-        step = b.tokens_per_chunk
-        for slot, start in enumerate(range(0, b.tokens, step)):
-            stop = min(start + step, b.tokens)
-            data = _sse(
-                self._chunk(self._delta("".join(token_text(i) for i in range(start, stop))))
-            )
+        for slot, (start, stop) in enumerate(chunk_bounds(b)):
+            data = sse(self.encoder.tokens_chunk(b, start, stop))
             due = deadline_after(headers_due, b.queue + b.prefill + (stop - 1) * b.decode)
             await sleep_until(due)
             if self.fault and slot == b.fault_after and not self._fault():
@@ -266,30 +266,6 @@ class _Exchange:
             conn.transport.close()
         return False
 
-    def _delta(self, text: str) -> dict[str, Any]:
-        return {"content": text} if self.chat else {"text": text}
-
-    def _chunk(self, delta: dict[str, Any]) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0, "finish_reason": None, "logprobs": None}
-        choice.update({"delta": delta} if self.chat else delta)
-        kind = "chat.completion.chunk" if self.chat else "text_completion"
-        return {
-            "id": f"h2-{self.stream_id}",
-            "object": kind,
-            "model": self.behavior.model,
-            "choices": [choice],
-        }
-
-    def _usage(self) -> dict[str, Any]:
-        n = self.behavior.tokens
-        usage = {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1}
-        return {
-            "id": f"h2-{self.stream_id}",
-            "object": "chat.completion.chunk",
-            "choices": [],
-            "usage": usage,
-        }
-
     def _publish(self) -> None:
         record = H2StreamRecord(
             stream_id=self.stream_id,
@@ -301,10 +277,6 @@ class _Exchange:
             body_bytes=len(self.request.body),
         )
         self.conn.server.records.append(record)
-
-
-def _sse(payload: Mapping[str, Any]) -> bytes:
-    return b"data: " + json.dumps(payload).encode() + b"\n\n"
 
 
 class H2LLMServer(Service):
@@ -345,7 +317,6 @@ class H2LLMServer(Service):
         self.records: list[H2StreamRecord] = []
         self.connections = 0
         self.open: set[_Conn] = set()
-        self._server: asyncio.Server | None = None
 
     @property
     def url(self) -> str:
@@ -353,20 +324,17 @@ class H2LLMServer(Service):
         return self._base_url("https" if self.ssl is not None else "http")
 
     async def start(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: _Conn(self), self._host, self._port, ssl=self.ssl
-        )
-        self._port = int(self._server.sockets[0].getsockname()[1])
+        """Bind and start serving."""
+        await self._listen(lambda: _Conn(self), ssl=self.ssl)
 
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        """Close the listener and abort every connection."""
+        server = self._close_listener()
+        if server is not None:
             for conn in list(self.open):
                 if conn.transport is not None:
                     conn.transport.abort()
-            await self._server.wait_closed()
-            self._server = None
+            await server.wait_closed()
 
     def run_in_subprocess(self, tls_pem: str | None = None) -> SubprocessH2LLMServer:
         """Serve this configuration from a child process (no GIL shared with the caller)."""
@@ -378,56 +346,34 @@ class H2LLMServer(Service):
         return SubprocessH2LLMServer(config)
 
 
-class SubprocessH2LLMServer:
-    """Context manager running an :class:`H2LLMServer` in a child process."""
+class SubprocessH2LLMServer(ChildServer):
+    """Context manager running an :class:`H2LLMServer` in a child process.
+
+    Started by ``python -m latency_analyzer.testing h2-server CONFIG_JSON``; the child
+    prints ``{"port": ..., "pid": ...}`` once bound and exits when its stdin closes.
+    """
+
+    host = "127.0.0.1"
 
     def __init__(self, config: Mapping[str, Any]) -> None:
-        self._config = dict(config)
-        self._proc: subprocess.Popen[str] | None = None
-        self.port = 0
-        self.host = "127.0.0.1"
+        super().__init__("h2-server", config, "the HTTP/2 subprocess server")
 
     @property
     def url(self) -> str:
-        scheme = "https" if self._config.get("tls_pem") else "http"
+        """Base URL, ``http(s)://127.0.0.1:PORT``."""
+        scheme = "https" if self.config.get("tls_pem") else "http"
         return f"{scheme}://{self.host}:{self.port}"
 
-    def __enter__(self) -> SubprocessH2LLMServer:
-        code = "from latency_analyzer.testing.h2_server import _child; _child()"
-        self._proc = subprocess.Popen(
-            [sys.executable, "-c", code, json.dumps(self._config)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert self._proc.stdout is not None
-        self.port = int(self._proc.stdout.readline())
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        if self._proc is not None:
-            self._proc.kill()
-            self._proc.wait(5)
-            for pipe in (self._proc.stdin, self._proc.stdout):
-                if pipe is not None:
-                    pipe.close()
+def serve_h2_in_child(config_json: str) -> None:
+    """Child side of :class:`SubprocessH2LLMServer` (``python -m latency_analyzer.testing``)."""
+    asyncio.run(_child_main(json.loads(config_json)))
 
 
-def _child() -> None:
-    """Child-process entry: serve until stdin closes; print the port first."""
-    config = json.loads(sys.argv[1])
-    realtime()  # ground truth that host load cannot delay, where the OS allows it
-
-    async def serve() -> None:
-        context = None
-        if config.get("tls_pem"):
-            context = ssl_module.create_default_context(ssl_module.Purpose.CLIENT_AUTH)
-            context.load_cert_chain(config["tls_pem"])
-        server = H2LLMServer(
-            ssl=context, max_concurrent_streams=config["max_concurrent_streams"], **config["knobs"]
-        )
-        async with server:
-            print(server.port, flush=True)
-            await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
-
-    asyncio.run(serve())
+async def _child_main(config: Mapping[str, Any]) -> None:
+    tls_pem = config.get("tls_pem")
+    context = server_context_from_pem(tls_pem, alpn=()) if tls_pem else None
+    streams = config["max_concurrent_streams"]
+    server = H2LLMServer(ssl=context, max_concurrent_streams=streams, **config["knobs"])
+    async with server:
+        await serve_commands({"port": server.port, "pid": os.getpid()}, {})
