@@ -219,3 +219,23 @@ def test_a_sweep_writes_every_point_as_a_run_in_one_file(
         e2e = sorted(group.values("e2e"))
         assert point["latency_s"]["e2e_p50"] == pytest.approx(e2e[9], rel=1e-9)  # rank 10/20
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and result["plot"] == str(plot)
+
+
+def test_a_concurrency_sweep_is_a_closed_loop_per_level(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "users.jsonl"
+    with LLMServer(prefill=0.003, tokens=1, slots=1).run_in_subprocess() as s:
+        url = s.url + "/v1/chat/completions"
+        argv = ["sweep", "--url", url, "--concurrency", "1,2,4", "--requests", "12"]
+        code = main([*argv, "--out", str(out), "--plot", str(tmp_path / "u.png"), "--json"])
+        served = s.records
+    result = json.loads(capsys.readouterr().out)
+    assert code == 0 and len(served) == 36
+    assert [p["concurrency"] for p in result["points"]] == [1, 2, 4]
+    ws = WaterfallSet.load(out)
+    assert [r["scenario"]["mode"] for r in ws.runs] == ["closed"] * 3
+    assert [r["scenario"]["concurrency"] for r in ws.runs] == [1, 2, 4]
+    # one slot: with 4 users, 3 wait behind the one served, so the median e2e grows with them
+    e2e = [p["latency_s"]["e2e_p50"] for p in result["points"]]
+    assert e2e[2] > 2 * e2e[0]

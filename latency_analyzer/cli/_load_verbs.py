@@ -5,14 +5,21 @@ from __future__ import annotations
 
 import argparse
 import copy
+import sys
+from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
 from ..load._files import load_scenario
 from ..load._presets import PRESETS
-from ..load._scenario import Scenario
+from ..load._scenario import Scenario, kind_of
 from ._run_options import add_request_arguments
 from .run import _scenario as run_scenario
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the same parser from PyPI
+    import tomli as tomllib
 
 __all__ = ["add_scenario_arguments", "base_scenario", "file_sweep_table"]
 
@@ -74,7 +81,7 @@ def file_sweep_table(path: str | None) -> dict[str, Any]:
     """
     if not path:
         return {}
-    _, table = load_scenario(path)
+    table = _sweep_table(path)
     out: dict[str, Any] = {}
     for key, levels in table.items():
         if key not in ("rate", "concurrency"):
@@ -84,6 +91,21 @@ def file_sweep_table(path: str | None) -> dict[str, Any]:
             raise UsageError(f"{path}: [sweep] {key}: expected a list of numbers > 0")
         out[key] = [float(v) if key == "rate" else int(v) for v in levels]
     return out
+
+
+def _sweep_table(path: str) -> dict[str, Any]:
+    """The file's ``[sweep]`` table, read before the scenario is built (the scenario needs the
+    level that the table gives). A file that does not read is :func:`load_scenario`'s to
+    report, with its own words."""
+    try:
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        load_scenario(path)  # raises the file's error
+        raise
+    table = data.get("sweep", {})
+    if not isinstance(table, dict):
+        raise UsageError(f"{path}: key 'sweep': expected a table, got {kind_of(table)}")
+    return table
 
 
 def _positive(v: Any, key: str) -> bool:

@@ -30,6 +30,7 @@ from ._presets import (
 from ._runner import Hook, RunResult, sweep
 from ._scenario import Scenario, Template
 from ._search import SearchResult, search, sweep_points
+from ._slo import parse_slos
 
 __all__ = [
     "ARRIVALS",
@@ -57,6 +58,7 @@ __all__ = [
     "long_tail",
     "mixed_load",
     "outage_report",
+    "parse_slos",
     "run",
     "run_fault_injection",
     "run_sync",
