@@ -106,7 +106,7 @@ def point_line(p: LoadPoint) -> str:
         return f"{metric} " + "/".join("-" if math.isnan(v) else f"{v / 1e6:.1f}" for v in vals)
 
     text = (
-        f"step {p.step}: {p.level:g} {unit}: achieved {p.achieved_rps:.3g} req/s; P50/P95/P99 "
+        f"step {p.step}: {p.level:.4g} {unit}: achieved {p.achieved_rps:.3g} req/s; P50/P95/P99 "
         f"ms: {three('ttft')}, {three('tpot')}, {three('e2e')}"
     )
     if p.slo is not None:
