@@ -102,6 +102,23 @@ URL = "http://127.0.0.1:9/v1/chat/completions"  # never reached: each error come
             ],
             "--rate-min",
         ),
+        (["sweep", "--url", URL, "--requests", "1", "--rate", "1", "--workers", "2"], "--workers"),
+        (
+            [
+                "search",
+                "--url",
+                URL,
+                "--requests",
+                "1",
+                "--slo",
+                "e2e_p95=1s",
+                "--rate-max",
+                "9",
+                "--scrape",
+                "http://127.0.0.1:9/metrics",
+            ],
+            "--scrape",
+        ),
     ],
     ids=[
         "sweep-rate-and-concurrency",
@@ -115,6 +132,8 @@ URL = "http://127.0.0.1:9/v1/chat/completions"  # never reached: each error come
         "search-concurrency",
         "search-rate",
         "search-rate-min-above-max",
+        "sweep-workers",
+        "search-scrape",
     ],
 )
 def test_usage_errors_exit_2_naming_the_option(

@@ -43,6 +43,23 @@ def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
     add_request_arguments(p)
     p.add_argument("--out", default="run.jsonl", metavar="FILE", help="Default: %(default)r")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    for flag in _RUN_ONLY:  # `run`'s, refused with the reason rather than as unknown
+        p.add_argument(flag, help=argparse.SUPPRESS)
+
+
+#: ``run`` flags a sweep or search cannot take: each point runs on this process's loop.
+_RUN_ONLY = ("--workers", "--ray", "--scrape", "--scrape-interval", "--outage-at", "--outage")
+
+
+def check_run_only(args: argparse.Namespace) -> None:
+    """Raises UsageError naming a ``run``-only flag that was given, and why it cannot apply."""
+    for flag in _RUN_ONLY:
+        if getattr(args, flag[2:].replace("-", "_")) is not None:
+            raise UsageError(
+                f"{flag} applies to `run` only: sweep and search run each point as one run in "
+                "this process (worker processes, Ray, scraping and the outage of fault "
+                "injection are not part of a point)"
+            )
 
 
 def base_scenario(args: argparse.Namespace, key: str, first: float) -> Scenario:
@@ -53,6 +70,7 @@ def base_scenario(args: argparse.Namespace, key: str, first: float) -> Scenario:
         UsageError: ``--mode`` names the other loop, or the scenario replays a trace (a
             trace is its own schedule: its load is ``--speed``).
     """
+    check_run_only(args)
     want = "open" if key == "rate" else "closed"
     if args.mode is not None and args.mode != want:
         flag = "--rate" if key == "rate" else "--concurrency"
