@@ -3,6 +3,7 @@ sweep against the test bed: every point a run in one file, a line per point, the
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 
 from latency_analyzer.analysis import WaterfallSet
 from latency_analyzer.cli import main
+from latency_analyzer.load import Scenario, sweep_points
 from latency_analyzer.load._slo import parse_slos, slo_report
 from latency_analyzer.testing import LLMServer
 
@@ -258,3 +260,24 @@ def test_a_concurrency_sweep_is_a_closed_loop_per_level(
     # one slot: with 4 users, 3 wait behind the one served, so the median e2e grows with them
     e2e = [p["latency_s"]["e2e_p50"] for p in result["points"]]
     assert e2e[2] > 2 * e2e[0]
+
+
+async def test_an_interrupted_sweep_keeps_its_finished_points(tmp_path: Path) -> None:
+    out = tmp_path / "sweep.jsonl"
+    finished = asyncio.Event()
+    async with LLMServer(prefill=0.002, tokens=1) as s:
+        sc = Scenario(s.url + "/v1/chat/completions", mode="open", rate=50, requests=6)
+        # 6 requests at 50 req/s, then at 0.5 req/s (10 s): the second is cut short
+        task = asyncio.create_task(
+            sweep_points(sc, rate=[50, 0.5], path=out, on_point=lambda p: finished.set())
+        )
+        await finished.wait()  # the first point is in the file
+        await asyncio.sleep(0.3)  # the second is running
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    ws = WaterfallSet.load(out)
+    assert len(ws.runs) == 1 and ws.meta["result"]["interrupted"] is False
+    assert set(ws.column("step").tolist()) == {0}
+    part = WaterfallSet.load(out.with_name(out.name + ".part"))  # the point cut short
+    assert part.meta["result"]["interrupted"] is True and set(part.column("step").tolist()) == {1}
