@@ -12,9 +12,9 @@ sojourn. Solving ``c + S + ρS / (2(1 − ρ)) = L`` for the allowed wait ``w = 
 ``ρ = 2w / (S + 2w)`` and the formula's rate ``λ = ρ / S``. S and c are measured, not assumed:
 S is the mean of the server's own service times (its log: slot acquired to response sent)
 plus its mean hand-over to a waiting request (the busy time between one response's end and
-the next service's start, about 0.1 ms), c
-the mean of client e2e minus server sojourn over the probes that decided the answer. (P95 of
-M/D/1 has no closed form, so a mean SLO keeps the formula exact.)
+the next service's start, about 0.1 ms), c the mean of client e2e minus server sojourn over
+the probes that decided the answer. (P95 of M/D/1 has no closed form, so a mean SLO keeps the
+formula exact.)
 
 Why 10 % holds, and the tolerance budget:
 
@@ -26,10 +26,11 @@ Why 10 % holds, and the tolerance budget:
   on the run file's own arrival instants, and printed with the result (seed 0, 300 requests:
   about +5 %). That offset is luck of the seed, not precision: over random seeds it spreads
   with a standard deviation of about 9 % at 300 requests and ρ = 0.75 (a simulation of 200
-  seeds), and a check within 10 % at 3 σ for *any* seed would need some 3,000 requests per
-  probe, minutes of test. So the test holds the search to two things: the formula's rate within
-  10 % (the acceptance, for this fixed realisation), and, the part a seed cannot excuse, the
-  realisation's own threshold within the resolution and the jitter below.
+  seeds), and a check within 10 % at 3 σ for *any* seed would need some 2,000 requests per
+  probe (the spread falls as 1/√N), minutes of test. So the test holds the search to two
+  things: the formula's rate within 10 % (the acceptance, for this fixed realisation), and,
+  the part a seed cannot excuse, the realisation's own threshold within the resolution and
+  the jitter below.
 * Resolution: the rate reported is the last passing one, at most ``RESOLUTION`` (3 %) under
   the first failing one, so at most 3 % under the realisation's threshold.
 * Jitter: server and client run at real-time priority (the server child asks for it; the
