@@ -1,4 +1,5 @@
-"""``latency-analyzer``: probe and diagnose a URL, run load, compare and export runs, or demo.
+"""``latency-analyzer``: probe and diagnose a URL, run, sweep and search load, compare and
+export runs, or demo.
 
 One module per verb; each adds its parser and sets ``func``, which ``main`` calls.
 """
@@ -19,6 +20,8 @@ from .export import add_export_parser
 from .probe import add_probe_parser
 from .report import add_report_parser
 from .run import add_run_parser
+from .search import add_search_parser
+from .sweep import add_sweep_parser
 
 __all__ = ["main"]
 
@@ -34,6 +37,8 @@ def _parser() -> argparse.ArgumentParser:
     add_probe_parser(sub)
     add_demo_parser(sub)
     add_run_parser(sub)
+    add_sweep_parser(sub)
+    add_search_parser(sub)
     add_compare_parser(sub)
     add_diagnose_parser(sub)
     add_export_parser(sub)

@@ -14,6 +14,7 @@ from ._api import run, run_sync
 from ._dists import ARRIVALS, Dist, arrival_gaps, dist, synthetic_prompt
 from ._faults import FaultProxy, OutageReport, outage_report
 from ._files import load_scenario
+from ._knee import LoadPoint, knee
 from ._monitor import ClientHealth, Pacer
 from ._presets import (
     PRESETS,
@@ -28,6 +29,8 @@ from ._presets import (
 )
 from ._runner import Hook, RunResult, sweep
 from ._scenario import Scenario, Template
+from ._search import SearchResult, search, sweep_points
+from ._slo import parse_slos
 
 __all__ = [
     "ARRIVALS",
@@ -37,24 +40,30 @@ __all__ = [
     "FaultProxy",
     "FaultResult",
     "Hook",
+    "LoadPoint",
     "OutageReport",
     "Pacer",
     "Restartable",
     "RunResult",
     "Scenario",
+    "SearchResult",
     "Template",
     "arrival_gaps",
     "cold_start_storm",
     "dist",
     "fault_injection",
+    "knee",
     "length_buckets",
     "load_scenario",
     "long_tail",
     "mixed_load",
     "outage_report",
+    "parse_slos",
     "run",
     "run_fault_injection",
     "run_sync",
+    "search",
     "sweep",
+    "sweep_points",
     "synthetic_prompt",
 ]

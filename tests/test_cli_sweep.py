@@ -1,0 +1,283 @@
+"""``latency-analyzer sweep`` and ``search``: the usage errors (exit 2, the option named), and a
+sweep against the test bed: every point a run in one file, a line per point, the plot."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from latency_analyzer.analysis import WaterfallSet
+from latency_analyzer.cli import main
+from latency_analyzer.load import Scenario, sweep_points
+from latency_analyzer.load._slo import parse_slos, slo_report
+from latency_analyzer.testing import LLMServer
+
+URL = "http://127.0.0.1:9/v1/chat/completions"  # never reached: each error comes first
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (
+            ["sweep", "--url", URL, "--requests", "1", "--rate", "1,2", "--concurrency", "1,2"],
+            "--rate and --concurrency",
+        ),
+        (["sweep", "--url", URL, "--requests", "1"], "--rate R1,R2"),
+        (
+            ["sweep", "--url", URL, "--requests", "1", "--rate", "1,2", "--mode", "closed"],
+            "--mode closed",
+        ),
+        (
+            ["sweep", "--url", URL, "--requests", "1", "--concurrency", "1", "--mode", "open"],
+            "--mode open",
+        ),
+        (
+            ["sweep", "--url", URL, "--requests", "1", "--rate", "1", "--trace", "t.jsonl"],
+            "--trace",
+        ),
+        (["search", "--url", URL, "--requests", "1", "--rate-max", "10"], "--slo"),
+        (["search", "--url", URL, "--requests", "1", "--slo", "e2e_p95=1s"], "--rate-max"),
+        (
+            [
+                "search",
+                "--url",
+                URL,
+                "--requests",
+                "1",
+                "--slo",
+                "e2e_p95=1s",
+                "--rate-max",
+                "9",
+                "--mode",
+                "closed",
+            ],
+            "--mode closed",
+        ),
+        (
+            [
+                "search",
+                "--url",
+                URL,
+                "--requests",
+                "1",
+                "--slo",
+                "e2e_p95=1s",
+                "--rate-max",
+                "9",
+                "--concurrency",
+                "4",
+            ],
+            "--concurrency",
+        ),
+        (
+            [
+                "search",
+                "--url",
+                URL,
+                "--requests",
+                "1",
+                "--slo",
+                "e2e_p95=1s",
+                "--rate-max",
+                "9",
+                "--rate",
+                "4",
+            ],
+            "--rate",
+        ),
+        (
+            [
+                "search",
+                "--url",
+                URL,
+                "--requests",
+                "1",
+                "--slo",
+                "e2e_p95=1s",
+                "--rate-max",
+                "9",
+                "--rate-min",
+                "12",
+            ],
+            "--rate-min",
+        ),
+        (["sweep", "--url", URL, "--requests", "1", "--rate", "1", "--workers", "2"], "--workers"),
+        (
+            [
+                "search",
+                "--url",
+                URL,
+                "--requests",
+                "1",
+                "--slo",
+                "e2e_p95=1s",
+                "--rate-max",
+                "9",
+                "--scrape",
+                "http://127.0.0.1:9/metrics",
+            ],
+            "--scrape",
+        ),
+    ],
+    ids=[
+        "sweep-rate-and-concurrency",
+        "sweep-nothing",
+        "sweep-rate-closed",
+        "sweep-concurrency-open",
+        "sweep-trace",
+        "search-no-slo",
+        "search-no-rate-max",
+        "search-closed-loop",
+        "search-concurrency",
+        "search-rate",
+        "search-rate-min-above-max",
+        "sweep-workers",
+        "search-scrape",
+    ],
+)
+def test_usage_errors_exit_2_naming_the_option(
+    argv: list[str], named: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [*argv, "--out", str(tmp_path / "run.jsonl")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("latency-analyzer: ") and named in err, err
+    assert not (tmp_path / "run.jsonl").exists()  # nothing ran
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "named"),
+    [("--rate", "5,x", "--rate"), ("--concurrency", "0,2", "--concurrency")],
+)
+def test_bad_levels_exit_2_naming_the_option(
+    flag: str, value: str, named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["sweep", "--url", URL, "--requests", "1", flag, value])
+    assert exc.value.code == 2 and named in capsys.readouterr().err
+
+
+def test_search_resolution_must_be_a_share(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(
+            [
+                "search",
+                "--url",
+                URL,
+                "--slo",
+                "e2e_p95=1s",
+                "--rate-max",
+                "9",
+                "--resolution",
+                "150%",
+            ]
+        )
+    assert exc.value.code == 2 and "--resolution" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("table", "named"),
+    [
+        ("speed = [1, 2]", "'speed'"),
+        ("rate = [5, -1]", "rate"),
+        ("rate = [1]\nconcurrency = [2]", "rate and concurrency"),
+    ],
+    ids=["unknown-key", "negative", "both"],
+)
+def test_a_bad_sweep_table_exits_2_naming_file_and_key(
+    table: str, named: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "s.toml"
+    path.write_text(f'url = "{URL}"\nrequests = 1\n[sweep]\n{table}\n')
+    assert main(["sweep", str(path), "--out", str(tmp_path / "run.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert str(path) in err and named in err, err
+
+
+def test_a_sweep_writes_every_point_as_a_run_in_one_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, plot = tmp_path / "sweep.jsonl", tmp_path / "curve.png"
+    levels = [40.0, 80.0, 160.0]
+    with LLMServer(prefill=0.002, tokens=3, decode=0.001).run_in_subprocess() as s:
+        argv = [
+            "sweep",
+            "--url",
+            s.url + "/v1/chat/completions",
+            "--rate",
+            "40,80,160",
+            "--requests",
+            "24",
+            "--warmup-requests",
+            "4",
+            "--slo",
+            "e2e_p99=2s,ttft_p95=1s",
+            "--out",
+            str(out),
+            "--plot",
+            str(plot),
+            "--json",
+        ]
+        code = main(argv)
+        served = len(s.records)
+    result = json.loads(capsys.readouterr().out)
+    assert code == 0 and served == 3 * 24
+    ws = WaterfallSet.load(out)
+    assert len(ws.runs) == 3  # a header line per point: each point is a complete run
+    assert [r["scenario"]["rate"] for r in ws.runs] == levels
+    steps = ws.group_by("step")
+    assert sorted(steps) == [0, 1, 2] and all(len(g) == 24 for g in steps.values())
+    slos = parse_slos("e2e_p99=2s,ttft_p95=1s")
+    for point in result["points"]:
+        group = steps[point["step"]]
+        assert point["rate"] == levels[point["step"]]
+        assert point["requests"] == 20  # the warm-up rows are kept, out of the statistics
+        by_hand = slo_report(group, slos)  # the point's goodput is its own run's
+        assert point["goodput_rps"] == pytest.approx(by_hand.goodput_rps)
+        e2e = sorted(group.values("e2e"))
+        assert point["latency_s"]["e2e_p50"] == pytest.approx(e2e[9], rel=1e-9)  # rank 10/20
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and result["plot"] == str(plot)
+
+
+def test_a_concurrency_sweep_is_a_closed_loop_per_level(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "users.jsonl"
+    with LLMServer(prefill=0.003, tokens=1, slots=1).run_in_subprocess() as s:
+        url = s.url + "/v1/chat/completions"
+        argv = ["sweep", "--url", url, "--concurrency", "1,2,4", "--requests", "12"]
+        code = main([*argv, "--out", str(out), "--plot", str(tmp_path / "u.png"), "--json"])
+        served = s.records
+    result = json.loads(capsys.readouterr().out)
+    assert code == 0 and len(served) == 36
+    assert [p["concurrency"] for p in result["points"]] == [1, 2, 4]
+    ws = WaterfallSet.load(out)
+    assert [r["scenario"]["mode"] for r in ws.runs] == ["closed"] * 3
+    assert [r["scenario"]["concurrency"] for r in ws.runs] == [1, 2, 4]
+    # one slot: with 4 users, 3 wait behind the one served, so the median e2e grows with them
+    e2e = [p["latency_s"]["e2e_p50"] for p in result["points"]]
+    assert e2e[2] > 2 * e2e[0]
+
+
+async def test_an_interrupted_sweep_keeps_its_finished_points(tmp_path: Path) -> None:
+    out = tmp_path / "sweep.jsonl"
+    finished = asyncio.Event()
+    async with LLMServer(prefill=0.002, tokens=1) as s:
+        sc = Scenario(s.url + "/v1/chat/completions", mode="open", rate=50, requests=6)
+        # 6 requests at 50 req/s, then at 0.5 req/s (10 s): the second is cut short
+        task = asyncio.create_task(
+            sweep_points(sc, rate=[50, 0.5], path=out, on_point=lambda p: finished.set())
+        )
+        await finished.wait()  # the first point is in the file
+        await asyncio.sleep(0.3)  # the second is running
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    ws = WaterfallSet.load(out)
+    assert len(ws.runs) == 1 and ws.meta["result"]["interrupted"] is False
+    assert set(ws.column("step").tolist()) == {0}
+    part = WaterfallSet.load(out.with_name(out.name + ".part"))  # the point cut short
+    assert part.meta["result"]["interrupted"] is True and set(part.column("step").tolist()) == {1}
