@@ -36,6 +36,7 @@ class RequestState:
         "alpn_settled",
         "answer",
         "body_end_ns",
+        "dialled",
         "h2_mode",
         "h2_open",
         "location",
@@ -51,6 +52,9 @@ class RequestState:
         # When the last response byte arrived. Kept here, not on the protocol: the connection
         # may carry the next request before this one is frozen.
         self.body_end_ns: int | None = None
+        # sockets whose handshake was still pending when connect returned (happy eyeballs may
+        # dial several): the one that won gives the connect stage its kernel end
+        self.dialled: list[Any] | None = None
         # None: HTTP/1.1 only; "prefer": hand over if ALPN picks h2; "require": h2 or fail
         self.h2_mode: str | None = None
         # called once the TLS handshake chose HTTP/1.1 for a dial others may be waiting on
