@@ -39,6 +39,7 @@ class RequestState:
         "dialled",
         "h2_mode",
         "h2_open",
+        "h2_prepare",
         "location",
         "protocol",
         "recorder",
@@ -62,6 +63,8 @@ class RequestState:
         # called with the HandoffToHTTP2 before it is raised: opens the connection and sends
         # this request on it at once, instead of after the raise unwound aiohttp's stack
         self.h2_open: Callable[[Any], None] | None = None
+        # called once the dial is under way: builds what h2_open will send (idle time)
+        self.h2_prepare: Callable[[], None] | None = None
         # the response's Location header as sent (it may carry a signed query): followed by
         # the client when asked, never recorded unredacted
         self.location: str | None = None

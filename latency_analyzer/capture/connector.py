@@ -433,6 +433,11 @@ class TimedConnector(TCPConnector):
             if tls and not _seen(state, "tls"):
                 state.begin("tls", t)
             proto = cast(TimedProtocol, factory())
+            prepare, state.h2_prepare = state.h2_prepare, None
+            if tls and prepare is not None:
+                # after asyncio's own callbacks that send the ClientHello, queued next
+                loop = asyncio.get_running_loop()
+                loop.call_soon(loop.call_soon, prepare)
             if state.h2_open is not None:
                 hostname = kwargs.get("server_hostname")
                 proto.on_made = functools.partial(_hand_over_at_once, state, tls, hostname)
