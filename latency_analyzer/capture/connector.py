@@ -127,6 +127,8 @@ class TimedProtocol(ResponseHandler):
         # over TLS, the read whose callback completed the handshake is the last one
         stamped = wire is not None and wire.read_user_ns
         self.made_ns = wire.read_kernel_ns if wire is not None and stamped else self.made_user_ns
+        if self.on_made is not None:  # HTTP/2: its first flight leaves before our bookkeeping
+            self.on_made(self, cast(asyncio.Transport, transport))
         super().connection_made(transport)
         transport = cast(asyncio.Transport, transport)
         # pause_writing as soon as a byte stays buffered, resume_writing when all left: the
@@ -134,8 +136,6 @@ class TimedProtocol(ResponseHandler):
         # empty and resume only on the next received record.)
         transport.set_write_buffer_limits(high=1, low=0)
         self.transport = cast(asyncio.Transport, _TimedTransport(transport, self))
-        if self.on_made is not None:
-            self.on_made(self, transport)
 
     def attach(self, state: RequestState) -> None:
         """Pin the request now using this connection (protocol callbacks cannot see ContextVars)."""
@@ -520,7 +520,7 @@ def _hand_over_at_once(
     if state.h2_open is None or not (alpn == "h2" or (not tls and state.h2_mode == "require")):
         return
     transport.pause_reading()
-    handoff = HandoffToHTTP2(transport, info, _peer(proto), [])
+    handoff = HandoffToHTTP2(transport, info, _peer_of(transport), [])
     try:
         state.h2_open(handoff)
     except Exception as exc:  # raised from the connector, not inside asyncio's callback
@@ -545,7 +545,10 @@ def _tls_info(transport: asyncio.BaseTransport, server_hostname: object) -> TlsI
 
 
 def _peer(proto: ResponseHandler) -> str | None:
-    transport = proto.transport
+    return _peer_of(proto.transport)
+
+
+def _peer_of(transport: asyncio.BaseTransport | None) -> str | None:
     peer = transport.get_extra_info("peername") if transport is not None else None
     if not peer:
         return None
