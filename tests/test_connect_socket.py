@@ -103,3 +103,26 @@ async def test_the_client_connects_through_it_and_times_the_stage(
     assert not failed.ok and failed.error_type is not None
     assert "connect" in failed.attribution()
     assert outcomes[1:] in (["BlockingIOError"], ["ConnectionRefusedError"])
+
+
+def test_without_a_kernel_rtt_sample_the_connect_end_says_userspace() -> None:
+    """No handshake, no ``tcpi_rtt``: the end is the instant we had, and it says so."""
+    from latency_analyzer.capture.connector import _handshake_end
+
+    sock = _socket_factory(ADDR)
+    with sock:
+        assert sock.handshake_rtt_ns() is None
+        assert _handshake_end(sock, 1_000, 5_000) == (5_000, "userspace")
+
+
+def test_a_handshake_ends_at_its_start_plus_the_kernels_rtt(listener: socket.socket) -> None:
+    """Connected on loopback: the kernel's sample is microseconds, and the end is start + it."""
+    from latency_analyzer.capture.connector import _handshake_end
+
+    sock = _socket_factory(ADDR)
+    with sock:
+        sock.connect(listener.getsockname())
+        rtt = sock.handshake_rtt_ns()
+        assert rtt is not None and 0 < rtt < 5_000_000
+        assert _handshake_end(sock, 1_000, 10**12) == (1_000 + rtt, "kernel")
+        assert _handshake_end(sock, 1_000, 1_000)[1] == "userspace"  # later than now: not kept

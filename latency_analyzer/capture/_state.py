@@ -36,8 +36,10 @@ class RequestState:
         "alpn_settled",
         "answer",
         "body_end_ns",
+        "dialled",
         "h2_mode",
         "h2_open",
+        "h2_prepare",
         "location",
         "protocol",
         "recorder",
@@ -51,6 +53,9 @@ class RequestState:
         # When the last response byte arrived. Kept here, not on the protocol: the connection
         # may carry the next request before this one is frozen.
         self.body_end_ns: int | None = None
+        # sockets whose handshake was still pending when connect returned (happy eyeballs may
+        # dial several): the one that won gives the connect stage its kernel end
+        self.dialled: list[Any] | None = None
         # None: HTTP/1.1 only; "prefer": hand over if ALPN picks h2; "require": h2 or fail
         self.h2_mode: str | None = None
         # called once the TLS handshake chose HTTP/1.1 for a dial others may be waiting on
@@ -58,6 +63,8 @@ class RequestState:
         # called with the HandoffToHTTP2 before it is raised: opens the connection and sends
         # this request on it at once, instead of after the raise unwound aiohttp's stack
         self.h2_open: Callable[[Any], None] | None = None
+        # called once the dial is under way: builds what h2_open will send (idle time)
+        self.h2_prepare: Callable[[], None] | None = None
         # the response's Location header as sent (it may carry a signed query): followed by
         # the client when asked, never recorded unredacted
         self.location: str | None = None

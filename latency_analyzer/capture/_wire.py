@@ -49,7 +49,9 @@ _now = time.perf_counter_ns
 _SO_TIMESTAMPNS = 35
 _GENERIC_ABI = {"x86_64", "amd64", "aarch64", "arm64", "riscv64", "i686", "i386", "armv7l"}
 _ANC_SIZE = socket.CMSG_SPACE(16)
-_TCP_INFO = getattr(socket, "TCP_INFO", 11)  # struct tcp_info: tcpi_rtt is the u32 at 68
+_TCP_INFO = getattr(
+    socket, "TCP_INFO", 11
+)  # struct tcp_info: u32 tcpi_rtt at 68, total_retrans at 100
 _TIMESPEC = {16: struct.Struct("@qq"), 8: struct.Struct("@ii")}
 
 
@@ -205,8 +207,10 @@ class StampedSocket(socket.socket):
     def handshake_rtt_ns(self) -> int | None:
         """The kernel's SYN → SYN-ACK time, right after a connect (``tcpi_rtt``, in µs).
 
-        The kernel's first RTT sample is the handshake itself, so ``connect``'s start plus
-        this is when the SYN-ACK came, however late our ``connect`` call returned.
+        Before any data is sent, the kernel's only RTT sample is the handshake itself (its
+        smoothed RTT starts at the first sample), so ``connect``'s start plus this is when
+        the SYN-ACK came, however late our ``connect`` call returned. None when there is no
+        sample, or when the SYN was retransmitted (no clean sample then: Karn's rule).
         """
         if not sys.platform.startswith("linux"):
             return None
@@ -214,10 +218,11 @@ class StampedSocket(socket.socket):
             info = self.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, 104)
         except OSError:
             return None
-        if len(info) < 72:
+        if len(info) < 104:
             return None
         rtt_us = int.from_bytes(info[68:72], sys.byteorder)
-        return rtt_us * 1000 if rtt_us else None
+        total_retrans = int.from_bytes(info[100:104], sys.byteorder)
+        return rtt_us * 1000 if rtt_us and not total_retrans else None
 
     # -- reads: asyncio's transports call these --
     def recv(self, bufsize: int, flags: int = 0) -> bytes:

@@ -29,7 +29,14 @@ from ._redirect import Hop, next_hop, with_chain
 from ._state import CURRENT, RequestState, TraceHook, now_ns
 from ._tcpinfo import tcp_info_of
 from .connector import TimedConnector, TimedProtocol
-from .http2 import H2Connection, H2Pool, H2Stream, HandoffToHTTP2
+from .http2 import (
+    H2Connection,
+    H2Pool,
+    H2Stream,
+    HandoffToHTTP2,
+    PreparedStart,
+    prepare_first_stream,
+)
 from .propagation import inject
 from .resolver import DnsResolver
 
@@ -318,8 +325,10 @@ class Client:
             # waiting on this dial must not queue behind a whole HTTP/1.1 response
             state.alpn_settled = lambda: self._h2.end_dial(origin, None, http1=True)
 
-            # called by the connector as soon as the TLS handshake chose h2
-            state.h2_open = _H2Dial(self, state, origin, method, url, json, data, headers).open
+            # called by the connector as soon as the TLS handshake chose h2; prepare while
+            # the handshake is under way
+            dial = _H2Dial(self, state, origin, method, url, json, data, headers)
+            state.h2_open, state.h2_prepare = dial.open, dial.prepare
         try:
             # aiohttp's own timeout (no extra task per request), for the time left, exact
             # (above ceil_threshold aiohttp rounds a timeout up to the next whole second)
@@ -438,17 +447,33 @@ class _H2Dial:
     ) -> None:
         self.client, self.state, self.origin = client, state, origin
         self.request = (method, url, json, data, headers)
+        self.prepared: PreparedStart | None = None
+
+    def prepare(self) -> None:
+        """Encode the preface and this request's HEADERS ahead (the TLS round trip is idle
+        time); a request h2 refuses to encode is left to :meth:`open`, which raises."""
+        method, url, json, data, headers = self.request
+        try:
+            body, fields = _h2_request_parts(self.client._headers, headers, json, data)
+            self.prepared = prepare_first_stream(method, _h2_target(url), fields, body)
+        except Exception:  # open() builds it again and raises it where it belongs
+            self.prepared = None
 
     def open(self, handoff: HandoffToHTTP2) -> None:
         """Pool the new connection and send the request on it."""
         client, state = self.client, self.state
         method, url, json, data, headers = self.request
-        conn = H2Connection(handoff.transport, handoff.tls, handoff.peer, client.h2_settle_timeout)
+        prepared, self.prepared = self.prepared, None
+        timeout = client.h2_settle_timeout
+        conn = H2Connection(handoff.transport, handoff.tls, handoff.peer, timeout, prepared)
         handoff.conn = conn
         conn.start(state)
         try:
-            body, fields = _h2_request_parts(client._headers, headers, json, data)
-            handoff.stream = conn.open_stream(state, method, _h2_target(url), fields, body)
+            if prepared is not None:
+                handoff.stream = conn.open_prepared(state)
+            else:
+                body, fields = _h2_request_parts(client._headers, headers, json, data)
+                handoff.stream = conn.open_stream(state, method, _h2_target(url), fields, body)
         finally:
             conn.resume(handoff.early)
             client._h2.end_dial(self.origin, conn)

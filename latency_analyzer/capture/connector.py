@@ -9,11 +9,14 @@ Where each instant comes from:
   the kernel's arrival of the last answer the lookup needed (:mod:`.resolver`). Building and
   parsing messages, and the loop's delay in reading an answer, fall outside it (``other``).
 * ``connect``: just before the socket's ``connect`` syscall (the SYN leaves inside it) → that
-  instant plus the kernel's handshake RTT (``TCP_INFO``'s first sample is SYN → SYN-ACK), when
-  the call returned with the handshake done. Sockets come from :func:`_socket_factory`, whose
-  ``connect`` reports a handshake the kernel finished inside the syscall (loopback, a local
-  proxy) at once; a handshake still pending (any real network) ends at the protocol factory
-  call, which asyncio makes once the socket is writable and before any TLS byte.
+  instant plus the kernel's handshake RTT (``TCP_INFO``'s first sample is SYN → SYN-ACK, read
+  before any byte is sent), so neither a late return from the syscall nor a late wake-up of
+  our loop moves it; ``clock_source`` says ``kernel``. Sockets come from
+  :func:`_socket_factory`, whose ``connect`` reports a handshake the kernel finished inside
+  the syscall (loopback, a local proxy) at once; a handshake still pending (any real network)
+  is read at the protocol factory call, which asyncio makes once the socket is writable and
+  before any TLS byte. Without a clean sample (a retransmitted SYN, another OS) the end is
+  the userspace instant and ``clock_source`` says ``userspace``.
 * ``tls``: factory call → the kernel's arrival time of the read that completed the handshake
   (asyncio calls ``connection_made`` inside that read's callback). What we did after that
   arrival (certificate checks, key schedule, the read lag) is client time: it is the ``tls``
@@ -124,6 +127,8 @@ class TimedProtocol(ResponseHandler):
         # over TLS, the read whose callback completed the handshake is the last one
         stamped = wire is not None and wire.read_user_ns
         self.made_ns = wire.read_kernel_ns if wire is not None and stamped else self.made_user_ns
+        if self.on_made is not None:  # HTTP/2: its first flight leaves before our bookkeeping
+            self.on_made(self, cast(asyncio.Transport, transport))
         super().connection_made(transport)
         transport = cast(asyncio.Transport, transport)
         # pause_writing as soon as a byte stays buffered, resume_writing when all left: the
@@ -131,8 +136,6 @@ class TimedProtocol(ResponseHandler):
         # empty and resume only on the next received record.)
         transport.set_write_buffer_limits(high=1, low=0)
         self.transport = cast(asyncio.Transport, _TimedTransport(transport, self))
-        if self.on_made is not None:
-            self.on_made(self, transport)
 
     def attach(self, state: RequestState) -> None:
         """Pin the request now using this connection (protocol callbacks cannot see ContextVars)."""
@@ -256,7 +259,9 @@ class _PromptSocket(StampedSocket):
     network) is left to asyncio exactly as before.
 
     The request that dials it (``state``, from the dialling task's context) gets its
-    ``connect`` stage from here: begun just before the syscall, ended just after a prompt one.
+    ``connect`` stage from here: begun just before the syscall, ended at the SYN-ACK as the
+    kernel timed it (:func:`_handshake_end`), at once for a prompt handshake, at the
+    protocol factory call for a pending one.
     """
 
     __slots__ = ("state",)
@@ -267,20 +272,66 @@ class _PromptSocket(StampedSocket):
 
     def connect(self, address: Any) -> None:
         state, self.state = self.state, None  # not kept: the socket outlives the request
-        t = self.wire.connect_ns = now_ns()
-        if state is not None and not _seen(state, "connect"):  # a dial's first socket opens it
-            state.begin("connect", t)
+        opens = state is not None and not _seen(state, "connect")  # a dial's first socket
+        wire = self.wire
+        # Nothing between the stamp and the syscall that could allocate (a garbage
+        # collection would run there) or wait: the SYN leaves inside the call.
+        t = now_ns()
         try:
-            super().connect(address)
+            _socket_connect(self, address)
         except BlockingIOError as pending:
+            done = now_ns()
             try:
                 self.getpeername()
             except OSError:
+                wire.connect_ns = t
+                if state is not None:
+                    if opens:
+                        state.begin("connect", t)
+                    state.dialled = [*(state.dialled or ()), self]
                 raise pending from None
-        self.wire.connected_ns = done = now_ns()
-        if state is not None and state.recorder.is_open("connect"):
-            rtt = self.handshake_rtt_ns()  # the SYN-ACK's arrival, in the kernel's count
-            state.end("connect", done if rtt is None else min(done, t + rtt))
+        else:
+            done = now_ns()
+        wire.connect_ns, wire.connected_ns = t, done
+        if state is None:
+            return
+        if opens:
+            state.begin("connect", t)
+        if state.recorder.is_open("connect"):
+            end, source = _handshake_end(self, t, done)
+            state.end("connect", end, clock_source=source)
+
+
+_socket_connect = socket.socket.connect  # the C method itself: no super() object to build
+
+
+def _handshake_end(sock: StampedSocket, connect_ns: int, now: int) -> tuple[int, str]:
+    """When the SYN-ACK came: the connect's start plus the kernel's handshake RTT.
+
+    ``TCP_INFO``'s ``tcpi_rtt`` before any data has been sent is the connection's first RTT
+    sample, SYN → SYN-ACK in µs (the smoothed RTT starts at the first sample), taken by the
+    kernel whenever our loop got round to the socket. A retransmitted SYN gives no clean
+    sample (Karn): then, or without a reading, the end is ``now`` and says ``userspace``.
+    """
+    rtt = sock.handshake_rtt_ns()
+    if rtt is None or not connect_ns + rtt <= now:
+        return now, "userspace"
+    return connect_ns + rtt, "kernel"
+
+
+def _pending_handshake_end(state: RequestState, now: int) -> tuple[int, str]:
+    """The end of a handshake asyncio waited for: the connected socket's SYN-ACK, as the
+    kernel timed it, read before any byte is sent on it (``now``: the factory call)."""
+    dialled, state.dialled = state.dialled or [], None
+    for sock in dialled:
+        if sock.fileno() == -1 or sock.wire.connect_ns is None:  # a happy-eyeballs loser
+            continue
+        try:
+            sock.getpeername()
+        except OSError:
+            continue
+        return _handshake_end(sock, sock.wire.connect_ns, now)
+    return now, "userspace"
 
 
 def _sent_ns(wire: WireStamps | None) -> int:
@@ -377,10 +428,16 @@ class TimedConnector(TCPConnector):
             if not _seen(state, "connect"):  # a socket not of ours
                 state.begin("connect", entry)
             if state.recorder.is_open("connect"):  # a handshake asyncio waited for
-                state.end("connect", t)
+                end, source = _pending_handshake_end(state, t)
+                state.end("connect", end, clock_source=source)
             if tls and not _seen(state, "tls"):
                 state.begin("tls", t)
             proto = cast(TimedProtocol, factory())
+            prepare, state.h2_prepare = state.h2_prepare, None
+            if tls and prepare is not None:
+                # after asyncio's own callbacks that send the ClientHello, queued next
+                loop = asyncio.get_running_loop()
+                loop.call_soon(loop.call_soon, prepare)
             if state.h2_open is not None:
                 hostname = kwargs.get("server_hostname")
                 proto.on_made = functools.partial(_hand_over_at_once, state, tls, hostname)
@@ -463,7 +520,7 @@ def _hand_over_at_once(
     if state.h2_open is None or not (alpn == "h2" or (not tls and state.h2_mode == "require")):
         return
     transport.pause_reading()
-    handoff = HandoffToHTTP2(transport, info, _peer(proto), [])
+    handoff = HandoffToHTTP2(transport, info, _peer_of(transport), [])
     try:
         state.h2_open(handoff)
     except Exception as exc:  # raised from the connector, not inside asyncio's callback
@@ -488,7 +545,10 @@ def _tls_info(transport: asyncio.BaseTransport, server_hostname: object) -> TlsI
 
 
 def _peer(proto: ResponseHandler) -> str | None:
-    transport = proto.transport
+    return _peer_of(proto.transport)
+
+
+def _peer_of(transport: asyncio.BaseTransport | None) -> str | None:
     peer = transport.get_extra_info("peername") if transport is not None else None
     if not peer:
         return None

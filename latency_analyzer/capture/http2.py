@@ -58,6 +58,8 @@ __all__ = [
     "HTTP2Refused",
     "HTTP2SettleTimeout",
     "HandoffToHTTP2",
+    "PreparedStart",
+    "prepare_first_stream",
 ]
 
 _HOP_BY_HOP = {
@@ -192,6 +194,52 @@ def _request_fields(
     return pseudo + [(k, v) for k, v in lowered if k not in _HOP_BY_HOP]
 
 
+_CONFIG = h2.config.H2Configuration(client_side=True, header_encoding=None)  # read-only: shared
+
+
+def _machine() -> h2.connection.H2Connection:
+    return h2.connection.H2Connection(config=_CONFIG)
+
+
+def _queue_body(
+    machine: h2.connection.H2Connection, stream_id: int, body: memoryview
+) -> memoryview:
+    """Queue DATA frames of ``body`` while the flow-control window has room; the rest."""
+    while body:
+        room = min(machine.local_flow_control_window(stream_id), machine.max_outbound_frame_size)
+        if room <= 0:
+            break
+        chunk, body = body[:room], body[room:]
+        machine.send_data(stream_id, bytes(chunk), end_stream=not body)
+    return body
+
+
+class PreparedStart:
+    """A new connection's first flight, encoded before the connection is there.
+
+    The client preface, our SETTINGS and the first stream's HEADERS (and what the initial
+    window takes of its body) depend only on the request, so they can be built while the TLS
+    handshake's round trip leaves the event loop idle: once ALPN says ``h2`` they are
+    encrypted and written at once, which is when a C client would write them.
+    """
+
+    __slots__ = ("machine", "rest", "stream_id")
+
+    def __init__(self, machine: h2.connection.H2Connection, stream_id: int, rest: memoryview):
+        self.machine, self.stream_id, self.rest = machine, stream_id, rest
+
+
+def prepare_first_stream(
+    method: str, target: tuple[str, str, str], headers: Sequence[tuple[str, str]], body: bytes
+) -> PreparedStart:
+    """Encode a connection's preface and its first request stream (see :class:`PreparedStart`)."""
+    machine = _machine()
+    machine.initiate_connection()
+    stream_id = machine.get_next_available_stream_id()
+    machine.send_headers(stream_id, _request_fields(method, target, headers), end_stream=not body)
+    return PreparedStart(machine, stream_id, _queue_body(machine, stream_id, memoryview(body)))
+
+
 class H2Connection(asyncio.Protocol):
     """One HTTP/2 connection carrying many concurrent request streams."""
 
@@ -201,6 +249,7 @@ class H2Connection(asyncio.Protocol):
         tls: TlsInfo | None,
         peer: str | None,
         settle_timeout: float = 10.0,
+        prepared: PreparedStart | None = None,
     ) -> None:
         self._loop = asyncio.get_running_loop()
         self.transport = transport
@@ -208,9 +257,8 @@ class H2Connection(asyncio.Protocol):
         self.peer = peer
         self.connection_id = id(self)
         self.requests_served = 0
-        self._h2 = h2.connection.H2Connection(
-            config=h2.config.H2Configuration(client_side=True, header_encoding=None)
-        )
+        self._prepared = prepared
+        self._h2 = prepared.machine if prepared is not None else _machine()
         self._streams: dict[int, H2Stream] = {}
         self._goaways = _GoAwayFilter()
         self._slot_waiters: deque[asyncio.Future[None]] = deque()
@@ -235,7 +283,8 @@ class H2Connection(asyncio.Protocol):
         """Queue the client preface and SETTINGS; ``state`` gets ``h2_setup`` from when they
         are written: with the first stream's HEADERS (one write) or by :meth:`resume`."""
         self._setup_state = state
-        self._h2.initiate_connection()
+        if self._prepared is None:  # else: the preface is queued in the prepared machine
+            self._h2.initiate_connection()
         self._preface_queued = True
         self._settle_timer = self._loop.call_later(self._settle_timeout, self._never_settled)
 
@@ -324,6 +373,23 @@ class H2Connection(asyncio.Protocol):
             raise
         return stream
 
+    def open_prepared(self, state: RequestState) -> H2Stream:
+        """Write the first stream that :func:`prepare_first_stream` encoded, with the preface."""
+        prepared, self._prepared = self._prepared, None
+        assert prepared is not None, "no prepared stream on this connection"
+        stream = H2Stream(state, self._loop, prepared.stream_id)
+        self._streams[stream.stream_id] = stream
+        stream.body = prepared.rest
+        try:
+            t = now_ns()
+            self._preface_written(t)
+            state.begin("send", t)
+            self._flush(stream)
+        except BaseException:
+            self._drop(stream)
+            raise
+        return stream
+
     async def run_stream(self, stream: H2Stream) -> None:
         """Send the rest of an opened stream's body and wait until its response ends."""
         stream.running = True
@@ -353,15 +419,8 @@ class H2Connection(asyncio.Protocol):
 
     def _send_window(self, stream: H2Stream) -> None:
         """Queue DATA frames of the body while the flow-control window has room."""
-        while stream.body and not stream.ended:
-            room = min(
-                self._h2.local_flow_control_window(stream.stream_id),
-                self._h2.max_outbound_frame_size,
-            )
-            if room <= 0:
-                return
-            chunk, stream.body = stream.body[:room], stream.body[room:]
-            self._h2.send_data(stream.stream_id, bytes(chunk), end_stream=not stream.body)
+        if not stream.ended:
+            stream.body = _queue_body(self._h2, stream.stream_id, stream.body)
 
     async def _send_rest(self, stream: H2Stream) -> None:
         """The body left after :meth:`open_stream`, as windows open and our buffer drains."""

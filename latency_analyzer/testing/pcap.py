@@ -15,7 +15,8 @@ process's ``perf_counter_ns`` with its clock anchor
         flow.data("in")                   # the server's bytes, reassembled
 
 The reader is pure Python: pcap (micro- or nanosecond, either byte order) with Ethernet
-(Linux ``lo``), Linux cooked (SLL, SLL2) or BSD loopback links, IPv4 and IPv6, TCP only.
+(Linux ``lo``), Linux cooked (SLL, SLL2), raw IP (a TUN device) or BSD loopback links,
+IPv4 and IPv6, TCP only.
 :func:`require_tcpdump` is the test-side check: outside CI a missing tcpdump skips the test
 with a reason, under ``CI=true`` it fails it.
 """
@@ -104,6 +105,8 @@ def _decode(link: int, frame: bytes, t: int) -> Packet | None:
         ethertype, ip = int.from_bytes(frame[14:16], "big"), frame[16:]
     elif link == 276:  # Linux cooked v2
         ethertype, ip = int.from_bytes(frame[0:2], "big"), frame[20:]
+    elif link in (101, 12, 14):  # raw IP (a TUN device): the version nibble says which
+        ethertype, ip = (0x86DD if frame[:1] and frame[0] >> 4 == 6 else 0x0800), frame
     elif link == 0:  # BSD loopback: an address family word, AF_INET is 2 in either order
         family = frame[0] | frame[3]
         ethertype, ip = (0x0800 if family == 2 else 0x86DD), frame[4:]
