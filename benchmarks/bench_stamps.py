@@ -6,9 +6,13 @@
    stamps on and off.
 2. Precision: 100 concurrent streams (20 ms per token) in one client, against a packet
    capture of the same run (tcpdump on ``lo``, needs root): P50/P99/max of token stamp −
-   capture, with kernel stamps on and off (userspace stamps: when our loop read the bytes).
+   capture, with kernel stamps on and off (userspace stamps: when our loop read the bytes),
+   beside the client thread's CPU time and its time waiting for a CPU (the host's load): a
+   reader kept off the CPU lets the kernel merge queued segments, whose stamps then say the
+   newest one's arrival. ``--realtime`` runs the client under SCHED_RR.
 
     python benchmarks/bench_stamps.py --out bench-results/stamps.json [--quick]
+        [--streams-only] [--realtime]
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from typing import Any
 import latency_analyzer as la
 from latency_analyzer.capture import _wire
 from latency_analyzer.testing import LLMServer
+from latency_analyzer.testing._priority import realtime
 from latency_analyzer.testing.pcap import Flow, PacketCapture, tcpdump_missing
 from latency_analyzer.timeline import process_anchor
 
@@ -136,7 +141,9 @@ async def streams_vs_capture(streams: int, tokens: int, on: bool) -> dict[str, A
                     body = {**BODY, "messages": [{"role": "user", "content": f"stream-{i}"}]}
                     return await client.request("/v1/chat/completions", json=body)
 
+                cpu0, wait0 = _schedstat()
                 wfs = await asyncio.gather(*(one(i) for i in range(streams)))
+                cpu1, wait1 = _schedstat()
     flows = {}
     for flow in cap.flows():
         found = re.search(rb"stream-(\d+)", flow.data("out"))
@@ -165,16 +172,48 @@ async def streams_vs_capture(streams: int, tokens: int, on: bool) -> dict[str, A
         "tokens_flagged_shared_read": flagged,
         "unflagged_abs_error_p99_us": clean[int(0.99 * (len(clean) - 1))] / 1e3 if clean else None,
         "read_lag_max_p50_us": lags[len(lags) // 2] / 1e3 if on else None,
+        # what this thread did meanwhile: on CPU, and runnable but waiting for one (the host's
+        # other load); a reader kept off the CPU lets the kernel merge queued segments
+        "client_cpu_ms": (cpu1 - cpu0) / 1e6 if cpu0 is not None and cpu1 is not None else None,
+        "client_runqueue_wait_ms": (
+            (wait1 - wait0) / 1e6 if wait0 is not None and wait1 is not None else None
+        ),
+        "last_token_share_of_errors_over_200us": _last_share(wfs, flows),
     }
 
 
+def _schedstat() -> tuple[int | None, int | None]:
+    """This thread's time on a CPU and waiting for one, ns (Linux schedstat), or Nones."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            on_cpu, waiting, _ = f.read().split()
+    except (OSError, ValueError):
+        return None, None
+    return int(on_cpu), int(waiting)
+
+
+def _last_share(wfs: list[la.Waterfall], flows: dict[int, Flow]) -> float | None:
+    """Of the tokens more than 0.2 ms off, the share that are their stream's last token (read
+    together with the stream's closing events when our loop came late)."""
+    off = last = 0
+    for i, wf in enumerate(wfs):
+        truth = _token_times(flows[i])
+        for k, (ours, t) in enumerate(zip(wf.chunk_times_ns, truth, strict=True)):
+            if abs(ours - t) > 200_000:
+                off += 1
+                last += k == len(truth) - 1
+    return last / off if off else None
+
+
 async def _run(args: argparse.Namespace) -> dict[str, Any]:
-    report: dict[str, Any] = {"read_cost": read_cost(200 if args.quick else 5000)}
-    print("per read:", report["read_cost"])
-    with LLMServer(tokens=8, decode=0.0).run_in_subprocess() as llm:
-        n, rounds = (20, 2) if args.quick else (200, 5)
-        report["request_cost"] = await request_cost(llm.url, n, rounds)
-    print("per request:", report["request_cost"])
+    report: dict[str, Any] = {}
+    if not args.streams_only:
+        report["read_cost"] = read_cost(200 if args.quick else 5000)
+        print("per read:", report["read_cost"])
+        with LLMServer(tokens=8, decode=0.0).run_in_subprocess() as llm:
+            n, rounds = (20, 2) if args.quick else (200, 5)
+            report["request_cost"] = await request_cost(llm.url, n, rounds)
+        print("per request:", report["request_cost"])
     missing = tcpdump_missing()
     if missing is not None:
         report["streams_vs_capture"] = {"skipped": missing}
@@ -192,7 +231,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", default="bench-results/stamps.json")
     parser.add_argument("--quick", action="store_true", help="small counts (smoke run)")
+    parser.add_argument("--streams-only", action="store_true", help="only the 100-stream run")
+    parser.add_argument(
+        "--realtime", action="store_true", help="this client under SCHED_RR (host load aside)"
+    )
     args = parser.parse_args()
+    refused = realtime() if args.realtime else None
+    if refused is not None:
+        print(f"--realtime: {refused}")
     started = time.perf_counter()
     results = asyncio.run(_run(args))
     report = {
@@ -200,6 +246,8 @@ def main() -> None:
         "library_version": la.__version__,
         "utc": datetime.now(timezone.utc).isoformat(),
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+        "realtime": bool(args.realtime) and refused is None,
+        "load_average": os.getloadavg(),
         **results,
         "runtime_s": time.perf_counter() - started,
     }
