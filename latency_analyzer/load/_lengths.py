@@ -340,7 +340,7 @@ def _input_line(p: Mapping[str, Any], tokenizer: str | None) -> str:
 
 def _output_line(p: Mapping[str, Any]) -> str:
     line = f"output tokens: requested (max_tokens) mean {p['requested_mean']:.1f}; "
-    line += _received(p, "usage completion_tokens")
+    line += _received(p, "completion tokens")
     if p["received_n"]:
         line += f"; {p['fewer_than_requested']} of {p['received_n']} got fewer than requested"
     return line
