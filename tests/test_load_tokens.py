@@ -85,10 +85,16 @@ def _notes(path: Path) -> dict[str, Any]:
     return {x["name"]: x["data"] for x in _jsonl(path) if x["kind"] == "note"}
 
 
-def test_prompts_are_within_one_token_of_every_draw(truth: Truth, tok_path: Path) -> None:
+@pytest.mark.parametrize("split_words", [True, False], ids=["byte-level", "tokens-span-spaces"])
+def test_prompts_are_within_one_token_of_every_draw(
+    tmp_path: Path, tok_path: Path, split_words: bool
+) -> None:
     """fit_prompt over 5 distributions × 120 seeded draws, each prompt counted by the
-    tokenizers library: within ±1 token of the draw (printed: the largest error seen)."""
-    tok = load_tokenizer(str(tok_path))
+    tokenizers library: within ±1 token of the draw (printed: the largest error seen), with a
+    tokenizer that splits at spaces and with one whose tokens span them."""
+    if not split_words:
+        tok_path = build_tokenizer(tmp_path / "spanning.json", split_words=False)
+    tok, truth = load_tokenizer(str(tok_path)), Truth.from_file(str(tok_path))
     rng = random.Random(SEED)
     values = tuple(float(n) for n in range(1, 2000, 37))
     kinds = [dist(d) for d in DISTS.values()] + [dist({"empirical": list(values)})]
@@ -101,7 +107,7 @@ def test_prompts_are_within_one_token_of_every_draw(truth: Truth, tok_path: Path
             assert measured == real  # what the run records is what the tokenizer says
             worst = max(worst, abs(real - target))
             n += 1
-    print(f"max |tokens - target| over {n} draws: {worst}")
+    print(f"max |tokens - target| over {n} draws (split_words={split_words}): {worst}")
     assert worst <= 1
 
 

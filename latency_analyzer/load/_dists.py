@@ -134,7 +134,16 @@ def arrival_gaps(
             yield mean
 
 
-_WORDS = " ".join(f"w{i % 997:03d}" for i in range(4096)) + " "
+FILLER_CYCLE = 4096  # filler words before the text repeats; word i is filler_word(i)
+FILLER_WORDS = 997  # distinct filler words
+
+
+def filler_word(i: int) -> str:
+    """Word ``i`` (from 0, within a cycle) of the filler text."""
+    return f"w{i % FILLER_WORDS:03d}"
+
+
+_WORDS = " ".join(filler_word(i) for i in range(FILLER_CYCLE)) + " "
 _WORD_LEN = 5  # "w123 ": one whitespace-separated word, about one token for most tokenizers
 
 
@@ -146,7 +155,7 @@ def synthetic_prompt(tokens: int, offset: int = 0) -> str:
     """
     if tokens <= 0:
         return ""
-    start = (offset % 4096) * _WORD_LEN
+    start = (offset % FILLER_CYCLE) * _WORD_LEN
     need = tokens * _WORD_LEN
     reps = (start + need) // len(_WORDS) + 1
     return (_WORDS * reps)[start : start + need].rstrip()

@@ -1,12 +1,14 @@
 """Request lengths: prompts built and measured in tokens (or words), and what the run asked
 for against what the server says it got.
 
-With a tokenizer (:mod:`._tokenizer`), a synthetic prompt of N tokens is filler text cut at
-the N-th token's end and counted again (a cut inside a word may encode differently, so a
-neighbouring cut is tried when the count is off); every request's prompt, from a template, a
-dataset row or a trace row, is measured with it (the messages' text, without a chat
-template). Without one, lengths are whitespace-separated words, an approximation that the
-run's summary and run file say they are; the server's ``usage`` is then the only token count.
+With a tokenizer (:mod:`._tokenizer`), a synthetic prompt of N tokens is whole filler words
+and a cut into the next, summed from each word's own tokens, then counted; when the count is
+off (a tokenizer whose tokens span spaces), filler text is cut at the N-th token's end and
+counted again, neighbouring cuts tried (a cut inside a word may encode differently). Every
+request's prompt, from a template, a dataset row or a trace row, is measured with it (the
+messages' text, without a chat template). Without one, lengths are whitespace-separated
+words, an approximation that the run's summary and run file say they are; the server's
+``usage`` is then the only token count.
 
 The run file's tags hold, per request, ``prompt_tokens`` (the prompt's measured length) and
 ``max_tokens`` / ``min_tokens`` (the output asked for); its ``lengths`` note holds the unit,
@@ -27,7 +29,7 @@ import numpy as np
 
 from ..errors import UsageError
 from ._datasets import Dataset, json_lines
-from ._dists import Dist, synthetic_prompt
+from ._dists import FILLER_CYCLE, FILLER_WORDS, Dist, filler_word, synthetic_prompt
 from ._tokenizer import Tokenizer, load_tokenizer
 
 if TYPE_CHECKING:
@@ -61,6 +63,9 @@ def fit_prompt(tok: Tokenizer, target: int, offset: int = 0) -> tuple[str, int]:
     """
     if target <= 0:
         return "", 0
+    fast = _fit_by_words(tok, target, offset)
+    if fast is not None:
+        return fast
     ratio = _ratio(tok)
     words = math.ceil(target / ratio) + 2
     for _ in range(16):
@@ -87,6 +92,65 @@ def fit_prompt(tok: Tokenizer, target: int, offset: int = 0) -> tuple[str, int]:
         if step == 0 or abs(n - target) < abs(best[1] - target):
             best = (candidate, n)
     return best
+
+
+@dataclasses.dataclass(frozen=True)
+class _WordTokens:
+    """Each filler word's tokens, as the first word of a prompt and after a space: how many,
+    and where each ends (characters into the word, its space included after the first)."""
+
+    first: list[list[int]]
+    later: list[list[int]]
+
+
+_word_tokens: dict[str, _WordTokens | None] = {}
+
+
+def _table(tok: Tokenizer) -> _WordTokens | None:
+    """The filler words' tokens, learnt once per tokenizer (None: it gives no offsets)."""
+    key = f"{tok.kind}:{tok.path}"
+    if key not in _word_tokens:
+        words = [filler_word(i) for i in range(FILLER_WORDS)]
+        text = "".join(f" {w}" for w in words)
+        ends = tok.token_ends(words[0] + text)[1]
+        table = None
+        if ends is not None:
+            later: list[list[int]] = [[] for _ in words]
+            base = len(words[0])
+            for end in ends:  # a token belongs to the piece (space + word) it ends in
+                i = (end - base - 1) // (len(words[0]) + 1)
+                if 0 <= i < len(words):
+                    later[i].append(end - base - i * (len(words[0]) + 1))
+            first = [tok.token_ends(w)[1] or [] for w in words]
+            if all(first) and all(later):  # every word has tokens: the sum below can end
+                table = _WordTokens(first, later)
+        _word_tokens[key] = table
+    return _word_tokens[key]
+
+
+def _fit_by_words(tok: Tokenizer, target: int, offset: int) -> tuple[str, int] | None:
+    """Whole filler words and a cut into the next, summed from each word's own tokens, then
+    counted once: exact whenever the tokenizer splits at spaces (most do); None otherwise,
+    or when the count disagrees (the caller then cuts and counts around the target)."""
+    table = _table(tok)
+    if table is None:
+        return None
+    start = offset % FILLER_CYCLE
+    pieces = table.first[start % FILLER_WORDS]
+    words, total = 0, 0
+    while total + len(pieces) <= target:
+        total += len(pieces)
+        words += 1
+        if total == target:
+            break
+        pieces = table.later[(start + words) % FILLER_CYCLE % FILLER_WORDS]
+    text = synthetic_prompt(words, offset)
+    rest = target - total
+    if rest > 0:  # the first `rest` tokens of the next word
+        word = filler_word((start + words) % FILLER_CYCLE)
+        text += (word if words == 0 else f" {word}")[: pieces[rest - 1]]
+    n = tok.count(text)
+    return (text, n) if n == target else None
 
 
 def _ratio(tok: Tokenizer) -> float:

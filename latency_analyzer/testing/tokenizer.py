@@ -16,6 +16,8 @@ from pathlib import Path
 
 __all__ = ["build_tokenizer", "corpus"]
 
+_ALPHABET = " .0123456789abcdefghijklmnopqrstuvwxyz"
+
 _WORDS = (  # noqa: SIM905 (a word list reads better as text)
     "the a server queue token prefill decode latency request stream network time first last "
     "model batch cache memory kernel thread clock span trace byte packet socket answer question "
@@ -36,8 +38,13 @@ def corpus(seed: int, sentences: int = 600) -> list[str]:
     return out
 
 
-def build_tokenizer(path: str | Path, *, seed: int = 0, vocab: int = 600) -> Path:
+def build_tokenizer(
+    path: str | Path, *, seed: int = 0, vocab: int = 600, split_words: bool = True
+) -> Path:
     """Train the tokenizer and save it as ``path`` (a ``tokenizer.json``); returns the path.
+
+    ``split_words=False`` trains one without a pre-tokenizer: its tokens may span spaces, as
+    some SentencePiece models' do, so a word's tokens depend on its neighbours.
 
     Raises:
         ModuleNotFoundError: the ``tokenizers`` package is not installed.
@@ -45,12 +52,14 @@ def build_tokenizer(path: str | Path, *, seed: int = 0, vocab: int = 600) -> Pat
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
+    if split_words:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+    alphabet = pre_tokenizers.ByteLevel.alphabet() if split_words else list(_ALPHABET)
     trainer = trainers.BpeTrainer(
         vocab_size=vocab,
         special_tokens=["<unk>", "<s>", "</s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        initial_alphabet=alphabet,
         show_progress=False,
     )
     tok.train_from_iterator(corpus(seed), trainer=trainer)
