@@ -306,3 +306,84 @@ def test_a_scenario_file_resolves_tokenizer_and_empirical_paths_beside_it(
     assert load_tokenizer(str(folder)).count("w123 the server") == Lengths(
         load_tokenizer(str(tok_path))
     ).count("w123 the server")
+
+
+def test_a_trace_is_sized_and_measured_in_tokens(
+    tmp_path: Path, tok_path: Path, truth: Truth
+) -> None:
+    rows = [
+        {"timestamp": 0.0, "input_tokens": 37, "output_tokens": 3},
+        {"timestamp": 0.01, "prompt": "the server w123 answers", "output_tokens": 4},
+        {"timestamp": 0.02, "input_tokens": 500, "output_tokens": 5},
+    ]
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "run.jsonl"
+    sc = Scenario("", mode="open", trace={"path": str(trace)}, tokenizer=str(tok_path))
+    with LLMServer(record_requests=True).run_in_subprocess() as s:
+        run_sync(sc.replace(url=s.url + CHAT), path=out, rtt_samples=0)
+        records = {(r.body or {})["max_tokens"]: r.body or {} for r in s.records}
+    tags = {t["max_tokens"]: t for t in _tags(out)}
+    for row in rows:
+        body, tag = records[row["output_tokens"]], tags[row["output_tokens"]]
+        real = _count(truth, body["messages"][0]["content"])
+        assert tag["prompt_tokens"] == real == row.get("input_tokens", real)
+        if "prompt" in row:
+            assert body["messages"][0]["content"] == row["prompt"]
+
+
+def test_conversation_turns_are_measured_with_their_history(
+    tmp_path: Path, tok_path: Path, truth: Truth
+) -> None:
+    data = tmp_path / "c.jsonl"
+    data.write_text(json.dumps({"turns": ["hello w123 there", "and the server?"]}) + "\n")
+    out = tmp_path / "run.jsonl"
+    spec = {"path": str(data), "field": "turns", "sample": "sequential"}
+    sc = Scenario("", requests=2, dataset=spec, tokenizer=str(tok_path))
+    with LLMServer(tokens=3, record_requests=True).run_in_subprocess() as s:
+        run_sync(sc.replace(url=s.url + CHAT), path=out, rtt_samples=0)
+        records = s.records
+    for r, tag in zip(records, _tags(out), strict=True):
+        messages = (r.body or {})["messages"]
+        assert tag["prompt_tokens"] == sum(_count(truth, m["content"]) for m in messages)
+    assert len((records[1].body or {})["messages"]) == 3  # turn 2 went with the history
+
+
+def test_worker_processes_size_prompts_with_the_tokenizer_and_the_run_says_so(
+    tmp_path: Path, tok_path: Path, truth: Truth, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "run.jsonl"
+    with LLMServer(tokens=2, record_requests=True).run_in_subprocess() as s:
+        argv = ["run", "--url", s.url + CHAT, "--requests", "8", "--concurrency", "2"]
+        argv += ["--workers", "2", "--out", str(out), "--tokenizer", str(tok_path)]
+        argv += ["--max-tokens", "2"]
+        f = tmp_path / "s.toml"
+        f.write_text('url = "x"\n[[templates]]\nprompt_tokens = {uniform = [20, 90]}\n')
+        assert cli_main([*argv[:1], str(f), *argv[1:]]) == 0
+        records = s.records
+    prompts = [(r.body or {})["messages"][0]["content"] for r in records]
+    tags = _tags(out)
+    assert len(tags) == len(records) == 8 and {t["worker"] for t in tags} == {0, 1}
+    assert len(set(prompts)) == 8  # each worker's filler starts elsewhere: no shared prompt
+    counts = sorted(_count(truth, p) for p in prompts)
+    assert sorted(t["prompt_tokens"] for t in tags) == counts
+    assert all(20 <= n <= 90 for n in counts)
+    assert _notes(out)["lengths"]["unit"] == "tokens"
+    assert "note: input tokens (tokenizer.json)" in capsys.readouterr().out
+
+
+def test_a_transformers_tokenizer_folder_counts_as_tokenizers_does(
+    tmp_path: Path, tok_path: Path, truth: Truth
+) -> None:
+    if importlib.util.find_spec("transformers") is None:
+        pytest.skip("needs transformers (not in the test extra): pip install transformers")
+    folder = tmp_path / "slow"
+    folder.mkdir()
+    truth.model.save(str(folder))  # vocab.json + merges.txt: a GPT-2 style folder
+    config = {"tokenizer_class": "GPT2Tokenizer", "unk_token": "<unk>", "eos_token": "</s>"}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    tok = load_tokenizer(str(folder))
+    assert tok.kind == "transformers"
+    for n in (1, 17, 300):
+        text, measured = fit_prompt(tok, n, offset=n)
+        assert measured == _count(truth, text) == n

@@ -54,6 +54,7 @@ RowSink = Callable[[Waterfall, Tags], None]
 
 _LEAD_NS = 20_000_000  # t0 is this far in the future, so the first arrival is not born late
 _SATURATION_RATIO = 0.9
+_WORKER_SHIFT = 1021  # filler words between workers' starting points (a prime: rarely aligned)
 
 
 @dataclass
@@ -168,7 +169,7 @@ class _Run:
                 text, length = "hi", -1
             else:  # the length drawn, then filler of that many tokens (or words)
                 target = max(1, round(template.prompt_tokens.sample(self.rng)))
-                text, length = self.lengths.prompt(target, self.issued - 1)
+                text, length = self.lengths.prompt(target, self._offset())
             messages = [{"role": "user", "content": text}]
             body = sample_body(self.sc, template, messages, None, self.rng)
             return _Claim(template, body, length)
@@ -181,11 +182,16 @@ class _Run:
         body = sample_body(self.sc, template, s.messages, s.max_tokens, self.rng)
         return _Claim(template, body, self.lengths.measure(s.messages), s, s.tag)
 
+    def _offset(self) -> int:
+        """Where this request's filler starts: its index, and another place per worker, so
+        equal lengths from two workers are different texts (no shared prefix to cache)."""
+        return self.issued - 1 + self.worker * _WORKER_SHIFT
+
     def _trace_claim(self, row: TraceRow) -> _Claim:
         template = self.sc.templates[0] if len(self.sc.templates) == 1 else self.sc.pick(self.rng)
         text = row.prompt
         if text is None:  # a length only: filler, rotated so prompts differ
-            text, length = self.lengths.prompt(row.input_tokens or 1, self.issued - 1)
+            text, length = self.lengths.prompt(row.input_tokens or 1, self._offset())
         else:
             length = self.lengths.count(text)
         messages = [{"role": "user", "content": text}]
