@@ -387,3 +387,24 @@ def test_a_transformers_tokenizer_folder_counts_as_tokenizers_does(
     for n in (1, 17, 300):
         text, measured = fit_prompt(tok, n, offset=n)
         assert measured == _count(truth, text) == n
+
+
+def test_the_scenario_record_round_trips_its_length_keys(documents: Path) -> None:
+    t = Template(
+        "a",
+        prompt_tokens=dist({"empirical": {"path": str(documents), "field": "prompt"}}),
+        output_tokens=dist({"normal": [50, 10]}),
+        min_tokens=5,
+        ignore_eos=True,
+    )
+    sc = Scenario(URL, requests=1, templates=(t,), tokenizer="x/tokenizer.json")
+    again = Scenario.from_dict(json.loads(json.dumps(sc.to_dict())))  # as a worker gets it
+    assert again.templates == sc.templates and again.tokenizer == "x/tokenizer.json"
+
+
+def test_min_tokens_above_max_tokens_on_the_command_line_exits_2(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["run", "--url", URL, "--requests", "1", "--max-tokens", "4", "--min-tokens", "9"]
+    assert cli_main(argv) == 2
+    assert "--min-tokens" in capsys.readouterr().err
