@@ -311,7 +311,6 @@ def sample_body(
     """The JSON body that sends ``messages`` (the last one's text as a completions prompt);
     ``max_tokens`` is the row's own (None: the template's, see
     :meth:`~latency_analyzer.load._scenario.Template.output_fields`, drawn from ``rng``)."""
-
     body: dict[str, Any] = {"model": sc.model, "stream": sc.stream}
     if sc.api == "chat":
         body["messages"] = [dict(m) for m in messages]

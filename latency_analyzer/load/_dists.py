@@ -144,7 +144,7 @@ def filler_word(i: int) -> str:
 
 
 _WORDS = " ".join(filler_word(i) for i in range(FILLER_CYCLE)) + " "
-_WORD_LEN = 5  # "w123 ": one whitespace-separated word, about one token for most tokenizers
+_WORD_LEN = 5  # "w123 ": one whitespace-separated word (one to a few tokens, by tokenizer)
 
 
 def synthetic_prompt(tokens: int, offset: int = 0) -> str:

@@ -218,15 +218,9 @@ class _Run:
         out = body.get("max_tokens", body.get("max_completion_tokens"))
         least = body.get("min_tokens")
         tags = Tags(
-            self.sc.name,
-            name,
-            length,
-            self.worker,
-            self.step,
-            warmup,
-            claim.tag,
-            _count(out),
-            _count(least),
+            *(self.sc.name, name, length, self.worker, self.step, warmup, claim.tag),
+            max_tokens=_count(out),
+            min_tokens=_count(least),
         )
         self.ws.add(wf, tags)
         self.stored += 1
