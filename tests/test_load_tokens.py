@@ -226,6 +226,12 @@ def test_cli_flags_send_min_tokens_and_ignore_eos_to_every_template(
     printed = capsys.readouterr().out
     assert "note: input tokens (tokenizer.json): requested mean" in printed
     assert "note: output tokens: requested (max_tokens) mean 8.0" in printed
+    with LLMServer().run_in_subprocess() as s:
+        argv = ["run", str(f), "--url", s.url + CHAT, "--out", str(out), "--workers", "1"]
+        assert cli_main([*argv, "--json"]) == 0  # without a tokenizer: words, approximate
+    lengths = json.loads(capsys.readouterr().out)["lengths"]
+    assert lengths["unit"] == "words" and lengths["approximate"] is True
+    assert lengths["output"]["requested_mean"] == 8.0 and lengths["input"]["requests"] == 6
 
 
 @pytest.mark.parametrize(
