@@ -165,6 +165,11 @@ def test_the_server_receives_the_sampled_prompts_and_output_fields(
     # the test bed's usage counts words: received differs from requested, and says so
     assert lengths["input"]["requests"] == 50 and lengths["input"]["received_n"] == 50
     assert lengths["output"]["fewer_than_requested"] == 0  # the test bed honours max_tokens
+    per = lengths["by_template"]
+    assert set(per) == set(by_name) and sum(p["input"]["requests"] for p in per.values()) == 50
+    assert per["fixed"]["output"]["requested_mean"] == 12.0
+    fixed = [tag["prompt_tokens"] for tag in tags if tag["template"] == "fixed"]
+    assert per["fixed"]["input"]["requested_mean"] == sum(fixed) / len(fixed)
     line = next(n for n in result.notes if n.startswith("input tokens (tokenizer.json)"))
     assert "received (usage prompt_tokens)" in line
 

@@ -348,28 +348,46 @@ def resolve_length_paths(data: MutableMapping[str, Any], base: Path) -> None:
 def length_report(ws: WaterfallSet, sc: Scenario) -> tuple[list[str], dict[str, Any]]:
     """Summary lines and the run file's ``lengths`` note: input lengths requested (measured
     with the tokenizer, or words) against the server's ``usage.prompt_tokens``, and output
-    tokens requested (``max_tokens``) against received, over the successful requests."""
+    tokens requested (``max_tokens``) against received, over the successful requests; the
+    note also per template (a dataset's class)."""
     ok = ws.ok
-    asked_in = ws.column("prompt_tokens")[ok].astype(np.int64)
-    got_in = ws.column("input_tokens")[ok].astype(np.int64)
-    asked_out = ws.column("max_tokens")[ok].astype(np.int64)
-    got_out = ws.column("output_tokens")[ok].astype(np.int64)
+    columns = [
+        ws.column(name)[ok].astype(np.int64)
+        for name in ("prompt_tokens", "input_tokens", "max_tokens", "output_tokens")
+    ]
     unit = "words" if sc.tokenizer is None else "tokens"
-    note: dict[str, Any] = {"unit": unit, "tokenizer": sc.tokenizer, "approximate": unit == "words"}
+    note: dict[str, Any] = {"unit": unit, "tokenizer": sc.tokenizer}
+    note.update(_figures(*columns))
+    note["approximate"] = unit == "words" and "input" in note  # only when something was sized
+    names = np.array([str(n) for n in ws.labels("template")], dtype=object)[ok]
+    if len(set(names)) > 1:
+        note["by_template"] = {
+            str(n): _figures(*(c[names == n] for c in columns)) for n in sorted(set(names))
+        }
     lines: list[str] = []
-    known = asked_in >= 0
-    if known.any():
-        note["input"] = _pair(asked_in[known], got_in[known])
+    if "input" in note:
         lines.append(_input_line(note["input"], sc.tokenizer))
-    else:
-        note["approximate"] = False  # nothing was sized
-    asked = asked_out >= 0
-    if asked.any():
-        note["output"] = _pair(asked_out[asked], got_out[asked])
-        short = int(np.count_nonzero((got_out[asked] >= 0) & (got_out[asked] < asked_out[asked])))
-        note["output"]["fewer_than_requested"] = short
+    if "output" in note:
         lines.append(_output_line(note["output"]))
     return lines, note
+
+
+def _figures(
+    asked_in: np.ndarray[Any, Any],
+    got_in: np.ndarray[Any, Any],
+    asked_out: np.ndarray[Any, Any],
+    got_out: np.ndarray[Any, Any],
+) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    known = asked_in >= 0
+    if known.any():
+        out["input"] = _pair(asked_in[known], got_in[known])
+    asked = asked_out >= 0
+    if asked.any():
+        out["output"] = _pair(asked_out[asked], got_out[asked])
+        got, want = got_out[asked], asked_out[asked]
+        out["output"]["fewer_than_requested"] = int(np.count_nonzero((got >= 0) & (got < want)))
+    return out
 
 
 def _pair(asked: np.ndarray[Any, Any], got: np.ndarray[Any, Any]) -> dict[str, Any]:
