@@ -47,8 +47,8 @@ def fuzz(session: nox.Session) -> None:
 @nox.session
 def bench(session: nox.Session) -> None:
     """Benchmarks (overhead, HTTP/2 vs HTTP/1.1, load generation, kernel stamps, many streams
-    over workers against a capture, receivers under a flood, Locust, trace replay); JSON in
-    bench-results/."""
+    over workers against a capture, receivers under a flood, Locust, trace replay, token-true
+    prompts); JSON in bench-results/."""
     session.install(".")
     session.run(
         "python",
@@ -67,6 +67,8 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/bench_receivers.py", "--out", "bench-results/receivers.json")
     session.install(".[locust]")
     session.run("python", "benchmarks/bench_locust.py", "--out", "bench-results/locust.json")
+    session.install(".[tokenizer]")
+    session.run("python", "benchmarks/bench_tokens.py", "--out", "bench-results/tokens.json")
 
 
 @nox.session(python="3.11")

@@ -25,7 +25,7 @@ SHRINK = {
 
 
 FILES = [SCENARIOS / f"{name}.toml" for name in sorted(SHRINK)]
-OWN_DATA = {"conversation", "dataset", "trace"}  # tests/test_examples_traffic.py runs these
+OWN_DATA = {"conversation", "dataset", "trace", "token_lengths"}  # test_examples_traffic.py
 
 
 def test_there_is_one_file_per_field_scenario() -> None:

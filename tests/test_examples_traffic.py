@@ -5,7 +5,9 @@ docs/load.md shows each of these files verbatim; this test runs every one of the
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +36,8 @@ def _run(name: str, url: str, out: Path, *flags: str) -> int:
 def test_every_example_scenario_with_its_own_data_is_shown_in_the_docs() -> None:
     docs = (ROOT / "docs" / "load.md").read_text()
     # the field scenarios beside them are run by tests/test_example_scenarios.py
-    files = [SCENARIOS / name for name in ("conversation.toml", "dataset.toml", "trace.toml")]
+    names = ("conversation.toml", "dataset.toml", "trace.toml", "token_lengths.toml")
+    files = [SCENARIOS / name for name in names]
     for f in files:
         assert f.read_text() in docs, f.name
 
@@ -91,3 +94,40 @@ def test_trace_toml_replays_the_trace_twice_as_fast(tmp_path: Path) -> None:
     starts = np.sort(WaterfallSet.load(out).column("start_ns"))
     assert len(starts) == len(stamps) == 30
     assert np.max(np.abs(np.diff(starts) - np.diff(stamps) / 2 * 1e9)) <= 2  # the schedule
+
+
+def test_token_lengths_toml_sizes_prompts_in_tokens_and_asks_for_outputs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if importlib.util.find_spec("tokenizers") is None:
+        if os.environ.get("CI") == "true":
+            raise RuntimeError("CI must install the [tokenizer] extra (it is in [test])")
+        pytest.skip("needs tokenizers: pip install 'latency-analyzer[tokenizer]'")
+    from tokenizers import Tokenizer
+
+    truth = Tokenizer.from_file(str(DATASETS / "tokenizer.json"))
+
+    def count(text: str) -> int:
+        return len(truth.encode(text, add_special_tokens=False).ids)
+
+    documents = {count(r["prompt"]) for r in _jsonl(DATASETS / "prompts.jsonl")}
+    out = tmp_path / "run.jsonl"
+    with LLMServer(record_requests=True).run_in_subprocess() as s:
+        assert _run("token_lengths.toml", s.url + CHAT, out) == 0
+        records = {(r.body or {})["messages"][0]["content"]: r.body or {} for r in s.records}
+    rows = [x for x in _jsonl(out) if x["kind"] == "wf"]
+    assert len(rows) == len(records) == 30
+    for row in rows:
+        tags = row["tags"]
+        # the row's request, found by its prompt (two users: the log's order is theirs)
+        body = next(b for p, b in records.items() if count(p) == tags["prompt_tokens"])
+        if tags["template"] == "chat":
+            assert 16 <= body["max_tokens"] == tags["max_tokens"] <= 64
+            assert body["min_tokens"] == 16 and "ignore_eos" not in body
+        else:
+            assert tags["template"] == "document"
+            assert min(abs(tags["prompt_tokens"] - n) for n in documents) <= 1
+            assert body["max_tokens"] == 32 and body["ignore_eos"] is True
+    printed = capsys.readouterr().out
+    assert "note: input tokens (tokenizer.json): requested mean" in printed
+    assert "note: output tokens: requested (max_tokens) mean" in printed

@@ -32,7 +32,7 @@ NUMERIC: dict[str, type[np.generic]] = {
     "tpot_ns": np.float64,
     "output_tokens": np.int32,
     "input_tokens": np.int32,
-    "prompt_tokens": np.int32,  # the prompt length the load generator asked for (-1: unknown)
+    "prompt_tokens": np.int32,  # the prompt's length as sent: tokens, or words (-1: unsized)
     "status": np.int16,  # HTTP status, 0 when none arrived
     "worker": np.int16,  # runner process that produced the row (merged sets)
     "step": np.int16,  # sweep step (concurrency or rate level)
@@ -40,6 +40,7 @@ NUMERIC: dict[str, type[np.generic]] = {
     "warmup": np.bool_,
     "stage_mask": np.int32,  # bit i set: stage ``stages[i]`` happened
     "ttfc_ns": np.float64,  # to the first token chunk, empty text included (``Waterfall.ttfc``)
+    "max_tokens": np.int32,  # the output tokens the request asked for (-1: not asked)
 }
 
 #: Columns stored as small integer codes into a list of labels (None allowed).
@@ -71,11 +72,14 @@ class Tags:
     step: int = 0
     warmup: bool = False
     sample: str | None = None  # the dataset row or trace line the request was built from
+    max_tokens: int = -1  # the body's max_tokens (-1: none)
+    min_tokens: int = -1  # the body's min_tokens (-1: none)
 
     def to_dict(self) -> dict[str, Any]:
         out = {name: getattr(self, name) for name in self.__dataclass_fields__}
-        if self.sample is None:
-            del out["sample"]  # rows of synthetic prompts keep their old shape
+        for key, unset in (("sample", None), ("max_tokens", -1), ("min_tokens", -1)):
+            if out[key] == unset:
+                del out[key]  # rows that do not have them keep their old shape
         return out
 
     @classmethod
@@ -113,6 +117,7 @@ def row_of(wf: Waterfall, tags: Tags) -> tuple[dict[str, Any], dict[str, int]]:
         "scenario": tags.scenario,
         "template": tags.template,
         "ttfc_ns": _opt(wf.ttfc_ns, math.nan),
+        "max_tokens": tags.max_tokens,
     }
     return values, wf.attribution_ns()
 

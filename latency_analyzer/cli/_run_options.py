@@ -17,6 +17,7 @@ from typing import Any
 from ..errors import UsageError
 from ..load._checks import request_headers
 from ..load._datasets import check_fits, load_dataset
+from ..load._lengths import filter_dataset, lengths_for, resolve_lengths
 from ..load._scenario import Scenario
 from ..load._slo import Slo, parse_slos
 from ..load._trace import load_trace
@@ -46,6 +47,21 @@ def add_request_arguments(p: argparse.ArgumentParser) -> None:
         "--max-in-flight", type=int, metavar="N", help="open loop: requests in flight at most"
     )
     p.add_argument("--max-tokens", type=int, metavar="N", help="max_tokens asked for")
+    p.add_argument(
+        "--min-tokens", type=int, metavar="N", help="min_tokens asked for (vLLM, SGLang)"
+    )
+    p.add_argument(
+        "--ignore-eos",
+        action="store_true",
+        default=None,
+        help="ask the server to ignore end-of-sequence (vLLM, SGLang): outputs run to max_tokens",
+    )
+    p.add_argument(
+        "--tokenizer",
+        metavar="PATH",
+        help="a local tokenizer.json or tokenizer folder: prompt lengths built and measured in "
+        "tokens (never downloaded; without it lengths are words, marked approximate)",
+    )
     p.add_argument(
         "--body-extra", metavar="JSON", help="a JSON object merged into every request body"
     )
@@ -98,6 +114,8 @@ def _flags(args: argparse.Namespace) -> dict[str, Any]:
         out["model"] = args.model
     if args.max_in_flight is not None:
         out["max_in_flight"] = args.max_in_flight
+    if args.tokenizer is not None:
+        out["tokenizer"] = args.tokenizer
     if args.trace is not None:  # a trace is an open loop: its instants are the schedule
         out["trace"] = {"path": str(Path(args.trace).absolute())}
         if args.mode is None:
@@ -131,7 +149,8 @@ def _flags(args: argparse.Namespace) -> dict[str, Any]:
 
 def finish_scenario(sc: Scenario, args: argparse.Namespace) -> Scenario:
     """Apply what is not a plain scenario key (``-H``, ``--header-env`` and ``--body-extra``
-    add to the scenario's tables, ``--max-tokens`` sets every template's) and check
+    add to the scenario's tables, ``--max-tokens``, ``--min-tokens`` and ``--ignore-eos``
+    set every template's) and check
     the flags the scenario cannot tell were given (a value equal to its default).
 
     Raises:
@@ -155,8 +174,9 @@ def finish_scenario(sc: Scenario, args: argparse.Namespace) -> Scenario:
     if merged:
         sc = sc.replace(**merged)
     request_headers(sc)  # an unset variable is an error now, before anything runs
-    if sc.dataset is not None:  # so is a bad dataset
-        check_fits(load_dataset(sc.dataset), sc)
+    lengths = lengths_for(sc)  # so is a tokenizer that cannot be read
+    if sc.dataset is not None:  # or a bad dataset
+        check_fits(filter_dataset(load_dataset(sc.dataset), sc.dataset, lengths), sc)
     if sc.trace is not None:  # or trace
         load_trace(sc.trace)
     if sc.mode == "open" and args.concurrency is not None:
@@ -164,9 +184,22 @@ def finish_scenario(sc: Scenario, args: argparse.Namespace) -> Scenario:
             "'concurrency' (--concurrency) applies only to a closed loop (mode = \"closed\"): "
             "an open loop's arrivals follow its schedule; use --rate and --max-in-flight"
         )
+    output: dict[str, Any] = {}
     if args.max_tokens is not None:
         if args.max_tokens < 1:
             raise UsageError("--max-tokens must be >= 1")
-        templates = tuple(dataclasses.replace(t, max_tokens=args.max_tokens) for t in sc.templates)
+        output.update(max_tokens=args.max_tokens, output_tokens=None)
+    if args.min_tokens is not None:
+        if args.min_tokens < 0:
+            raise UsageError("--min-tokens must be >= 0")
+        output["min_tokens"] = args.min_tokens
+    if args.ignore_eos:
+        output["ignore_eos"] = True
+    if output:  # every template's
+        try:
+            templates = tuple(dataclasses.replace(t, **output) for t in sc.templates)
+        except UsageError as exc:
+            raise UsageError(f"--max-tokens/--min-tokens: {exc}") from None
         sc = sc.replace(templates=templates)
+    resolve_lengths(sc, lengths)  # an empirical length file that cannot be read, too
     return sc

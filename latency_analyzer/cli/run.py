@@ -158,6 +158,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             k: {**v, "ttft_p99": v["ttft_p99"].value, "e2e_p99": v["e2e_p99"].value}
             for k, v in length_buckets(result.set).items()
         }
+    if args.json and result.set.meta.get("lengths"):  # requested against received lengths
+        extra["lengths"] = result.set.meta["lengths"]
     if args.slo:  # the SLO lines join the summary's notes; --json gets them as a table
         report = slo_report(result.set, args.slo)
         result.notes.extend(report.lines())

@@ -19,6 +19,9 @@ A scenario's ``dataset`` table::
   row of it (without ``weights``: each class by its share of rows). The class is the request's
   ``template`` tag; a template of that name supplies ``max_tokens`` and ``body``.
 * ``max_tokens_field``: a key or column holding the ``max_tokens`` to ask for.
+* ``min_input_tokens``, ``max_input_tokens``: keep only the rows whose prompt (the first
+  request's messages) has that many tokens, counted with the scenario's ``tokenizer``
+  (see :mod:`latency_analyzer.load._lengths`; without a tokenizer they are errors).
 
 Each request's row is kept in the run file as its ``sample`` tag: the JSONL line number or CSV
 data row (from 1), or the ``.txt`` file's name; a conversation's turn *k* adds ``#k``.
@@ -50,7 +53,10 @@ __all__ = [
     "sample_body",
 ]
 
-_KEYS = ("path", "field", "sample", "class_field", "weights", "max_tokens_field")
+_KEYS = (
+    *("path", "field", "sample", "class_field", "weights", "max_tokens_field"),
+    *("min_input_tokens", "max_input_tokens"),
+)
 _SAMPLING = ("random", "sequential")
 _ROLES = ("system", "user", "assistant", "tool", "developer")
 
@@ -149,6 +155,12 @@ def load_dataset(spec: Mapping[str, Any]) -> Dataset:
         raise UsageError("dataset key 'weights' needs 'class_field' (where a row's class is)")
     if weights and sum(weights.values()) <= 0:
         raise UsageError("dataset key 'weights': at least one weight must be > 0")
+    lo, hi = spec.get("min_input_tokens"), spec.get("max_input_tokens")
+    for key, value in (("min_input_tokens", lo), ("max_input_tokens", hi)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise UsageError(f"dataset key {key!r}: expected a whole number of tokens")
+    if lo is not None and hi is not None and lo > hi:
+        raise UsageError("dataset keys 'min_input_tokens' > 'max_input_tokens': no row can fit")
     p = Path(path)
     try:
         samples = _read(p, opts)
@@ -290,9 +302,15 @@ def check_fits(ds: Dataset, sc: Scenario) -> None:
 
 
 def sample_body(
-    sc: Scenario, template: Template, messages: Sequence[Mapping[str, Any]], max_tokens: int | None
+    sc: Scenario,
+    template: Template,
+    messages: Sequence[Mapping[str, Any]],
+    max_tokens: int | None,
+    rng: random.Random,
 ) -> dict[str, Any]:
-    """The JSON body that sends ``messages`` (the last one's text as a completions prompt)."""
+    """The JSON body that sends ``messages`` (the last one's text as a completions prompt);
+    ``max_tokens`` is the row's own (None: the template's, see
+    :meth:`~latency_analyzer.load._scenario.Template.output_fields`, drawn from ``rng``)."""
     body: dict[str, Any] = {"model": sc.model, "stream": sc.stream}
     if sc.api == "chat":
         body["messages"] = [dict(m) for m in messages]
@@ -300,9 +318,7 @@ def sample_body(
         body["prompt"] = str(messages[-1]["content"])
     if sc.stream:
         body["stream_options"] = {"include_usage": True}
-    wanted = template.max_tokens if max_tokens is None else max_tokens
-    if wanted is not None:
-        body["max_tokens"] = wanted
+    body.update(template.output_fields(rng, max_tokens))
     body.update(sc.body_extra)
     body.update(template.body)
     return body

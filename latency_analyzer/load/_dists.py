@@ -2,7 +2,12 @@
 
 A distribution is written as a small mapping (from Python, TOML or the CLI) and parsed by
 :func:`dist`: ``3`` or ``{"fixed": 3}``, ``{"uniform": [lo, hi]}``, ``{"exponential": mean}``,
-``{"lognormal": [median, sigma]}``, ``{"choice": [a, b, ...]}``.
+``{"normal": [mean, sd]}`` (a draw below 0 is 0), ``{"lognormal": [median, sigma]}``,
+``{"choice": [a, b, ...]}`` and ``{"empirical": [a, b, ...]}`` (a value drawn from the list,
+each equally likely: the observed distribution). ``{"empirical": {"path": "prompts.jsonl",
+"field": "prompt"}}`` names a file whose rows supply the values (prompt lengths measured, or
+numbers read); it is read when a run starts (:mod:`latency_analyzer.load._lengths`). Every
+draw comes from the run's seeded random stream, so a seed gives the same lengths again.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ class Dist:
 
     kind: str
     params: tuple[float, ...]
+    #: an empirical distribution's file (``path``, ``field``) before it is read (params empty)
+    source: tuple[tuple[str, str], ...] | None = None
 
     def sample(self, rng: random.Random) -> float:
         p = self.params
@@ -35,17 +42,24 @@ class Dist:
             return rng.uniform(p[0], p[1])
         if self.kind == "exponential":
             return rng.expovariate(1 / p[0]) if p[0] > 0 else 0.0
+        if self.kind == "normal":
+            return max(0.0, rng.gauss(p[0], p[1]))
         if self.kind == "lognormal":
             return rng.lognormvariate(math.log(p[0]), p[1])
-        return rng.choice(p)  # "choice"
+        if not p:  # an empirical file not read yet
+            raise UsageError("an empirical distribution from a file is read when the run starts")
+        return rng.choice(p)  # "choice", "empirical"
 
     def to_spec(self) -> dict[str, Any]:
+        if self.source is not None:
+            return {self.kind: dict(self.source)}
         if self.kind in ("fixed", "exponential"):
             return {self.kind: self.params[0]}
         return {self.kind: list(self.params)}
 
 
-_ARITY = {"fixed": 1, "uniform": 2, "exponential": 1, "lognormal": 2}
+_ARITY = {"fixed": 1, "uniform": 2, "exponential": 1, "normal": 2, "lognormal": 2}
+_SOURCE_KEYS = ("path", "field")
 
 
 def dist(spec: float | Mapping[str, Any] | Dist) -> Dist:
@@ -61,20 +75,36 @@ def dist(spec: float | Mapping[str, Any] | Dist) -> Dist:
     if not isinstance(spec, Mapping) or len(spec) != 1:
         raise UsageError(f"a distribution is a number or a table with one key (its kind): {spec!r}")
     ((kind, raw),) = spec.items()
+    if kind == "empirical" and isinstance(raw, Mapping):
+        return Dist(kind, (), _source(raw))
     values = raw if isinstance(raw, list | tuple) else [raw]
     if not all(isinstance(x, int | float) and not isinstance(x, bool) for x in values):
         raise UsageError(f"the parameters of {kind!r} must be numbers, got {raw!r}")
     params = tuple(float(x) for x in values)
     if not all(math.isfinite(x) for x in params):
         raise UsageError(f"the parameters of {kind!r} must be finite, got {raw!r}")
-    if kind == "choice":
+    if kind in ("choice", "empirical"):
         if not params:
-            raise UsageError("choice needs at least one value")
+            raise UsageError(f"{kind} needs at least one value")
     elif _ARITY.get(kind) != len(params):
         raise UsageError(f"unknown distribution {kind!r} or wrong parameters {raw!r}")
     if any(x < 0 for x in params) or (kind == "uniform" and params[0] > params[1]):
         raise UsageError(f"bad parameters for {kind}: {raw!r}")
     return Dist(kind, params)
+
+
+def _source(raw: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    unknown = sorted(set(raw) - set(_SOURCE_KEYS))
+    if unknown:
+        raise UsageError(
+            f"empirical: unknown key {unknown[0]!r}; expected a list of values or a table "
+            f"with some of {list(_SOURCE_KEYS)}"
+        )
+    if not isinstance(raw.get("path"), str):
+        raise UsageError("empirical: 'path' (a .jsonl, a .csv or a folder of .txt) is required")
+    if not isinstance(raw.get("field", ""), str):
+        raise UsageError("empirical: 'field' must be a key or column name")
+    return tuple(sorted(raw.items()))
 
 
 def arrival_gaps(
@@ -104,8 +134,17 @@ def arrival_gaps(
             yield mean
 
 
-_WORDS = " ".join(f"w{i % 997:03d}" for i in range(4096)) + " "
-_WORD_LEN = 5  # "w123 ": one whitespace-separated word, about one token for most tokenizers
+FILLER_CYCLE = 4096  # filler words before the text repeats; word i is filler_word(i)
+FILLER_WORDS = 997  # distinct filler words
+
+
+def filler_word(i: int) -> str:
+    """Word ``i`` (from 0, within a cycle) of the filler text."""
+    return f"w{i % FILLER_WORDS:03d}"
+
+
+_WORDS = " ".join(filler_word(i) for i in range(FILLER_CYCLE)) + " "
+_WORD_LEN = 5  # "w123 ": one whitespace-separated word (one to a few tokens, by tokenizer)
 
 
 def synthetic_prompt(tokens: int, offset: int = 0) -> str:
@@ -116,7 +155,7 @@ def synthetic_prompt(tokens: int, offset: int = 0) -> str:
     """
     if tokens <= 0:
         return ""
-    start = (offset % 4096) * _WORD_LEN
+    start = (offset % FILLER_CYCLE) * _WORD_LEN
     need = tokens * _WORD_LEN
     reps = (start + need) // len(_WORDS) + 1
     return (_WORDS * reps)[start : start + need].rstrip()

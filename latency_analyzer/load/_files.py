@@ -13,6 +13,7 @@ from typing import Any
 
 from ..errors import UsageError
 from ._datasets import resolve_paths
+from ._lengths import resolve_length_paths
 from ._presets import preset_scenario
 from ._scenario import Scenario, kind_of
 
@@ -45,6 +46,7 @@ def load_scenario(path: str | Path, **overrides: Any) -> tuple[Scenario, dict[st
         raise UsageError(f"{path}: not valid TOML: {exc}") from None
     try:
         resolve_paths(data, Path(path).parent)
+        resolve_length_paths(data, Path(path).parent)
         return _from_table(data, overrides)
     except UsageError as exc:
         raise UsageError(f"{path}: {exc}") from None

@@ -38,7 +38,8 @@ from ..server.store import SpanStore
 from ..timeline import Recorder, Waterfall
 from ._checks import request_headers
 from ._datasets import Dataset, Sample, check_fits, load_dataset, sample_body
-from ._dists import arrival_gaps, synthetic_prompt
+from ._dists import arrival_gaps
+from ._lengths import Lengths, filter_dataset, length_report, lengths_for, resolve_lengths
 from ._monitor import ClientHealth, LoopMonitor, Pacer
 from ._scenario import Scenario, Template
 from ._trace import TraceRow, load_trace
@@ -53,6 +54,7 @@ RowSink = Callable[[Waterfall, Tags], None]
 
 _LEAD_NS = 20_000_000  # t0 is this far in the future, so the first arrival is not born late
 _SATURATION_RATIO = 0.9
+_WORKER_SHIFT = 1021  # filler words between workers' starting points (a prime: rarely aligned)
 
 
 @dataclass
@@ -114,7 +116,7 @@ class _Claim:
 
     template: Template
     body: dict[str, Any]
-    length: int = -1  # synthetic prompt length (-1: not synthetic)
+    length: int = -1  # the prompt's measured length (-1: a bare one-word prompt)
     sample: Sample | None = None  # the dataset row, if any
     tag: str | None = None  # the row (and turn) as stored in the ``sample`` tag
 
@@ -134,9 +136,11 @@ class _Run:
         stop: asyncio.Event | None = None,
         dataset: Dataset | None = None,
         trace: list[TraceRow] | None = None,
+        lengths: Lengths | None = None,
     ) -> None:
         self.sc, self.ws, self.client = sc, ws, client
         self.dataset, self.trace = dataset, trace
+        self.lengths = lengths or Lengths()
         self.by_name = {t.name: t for t in sc.templates}
         self.on_row, self.stop = on_row, stop
         self.rng = random.Random(sc.seed)
@@ -161,7 +165,13 @@ class _Run:
             return self._trace_claim(self.trace[self.issued - 1])
         if self.dataset is None:
             template = self.sc.pick(self.rng)
-            body, length = self.sc.body(template, self.rng, self.issued - 1)
+            if template.prompt_tokens is None:
+                text, length = "hi", -1
+            else:  # the length drawn, then filler of that many tokens (or words)
+                target = max(1, round(template.prompt_tokens.sample(self.rng)))
+                text, length = self.lengths.prompt(target, self._offset())
+            messages = [{"role": "user", "content": text}]
+            body = sample_body(self.sc, template, messages, None, self.rng)
             return _Claim(template, body, length)
         s = self.dataset.draw(self.rng)
         if s.klass is None:  # one template: the draw alone consumes the seeded stream
@@ -169,17 +179,24 @@ class _Run:
             template = self.sc.templates[0] if one else self.sc.pick(self.rng)
         else:  # a class is its template's name; a class without a template gets a bare one
             template = self.by_name.get(s.klass) or Template(name=s.klass)
-        body = sample_body(self.sc, template, s.messages, s.max_tokens)
-        return _Claim(template, body, -1, s, s.tag)
+        body = sample_body(self.sc, template, s.messages, s.max_tokens, self.rng)
+        return _Claim(template, body, self.lengths.measure(s.messages), s, s.tag)
+
+    def _offset(self) -> int:
+        """Where this request's filler starts: its index, and another place per worker, so
+        equal lengths from two workers are different texts (no shared prefix to cache)."""
+        return self.issued - 1 + self.worker * _WORKER_SHIFT
 
     def _trace_claim(self, row: TraceRow) -> _Claim:
         template = self.sc.templates[0] if len(self.sc.templates) == 1 else self.sc.pick(self.rng)
         text = row.prompt
-        if text is None:  # a length only: filler words, rotated so prompts differ
-            text = synthetic_prompt(row.input_tokens or 1, offset=self.issued - 1)
+        if text is None:  # a length only: filler, rotated so prompts differ
+            text, length = self.lengths.prompt(row.input_tokens or 1, self._offset())
+        else:
+            length = self.lengths.count(text)
         messages = [{"role": "user", "content": text}]
-        body = sample_body(self.sc, template, messages, row.output_tokens)
-        return _Claim(template, body, row.input_tokens or -1, None, row.tag)
+        body = sample_body(self.sc, template, messages, row.output_tokens, self.rng)
+        return _Claim(template, body, length, None, row.tag)
 
     def next_turn(self, claim: _Claim, turn: int, history: list[dict[str, Any]]) -> _Claim | None:
         """Claim turn ``turn`` (from 1) of a conversation sent with ``history`` (None once a
@@ -188,16 +205,23 @@ class _Run:
             return None
         self.issued += 1
         assert claim.sample is not None
-        body = sample_body(self.sc, claim.template, history, claim.sample.max_tokens)
-        return _Claim(claim.template, body, -1, claim.sample, f"{claim.tag}#{turn}")
+        body = sample_body(self.sc, claim.template, history, claim.sample.max_tokens, self.rng)
+        length = self.lengths.measure(history)
+        return _Claim(claim.template, body, length, claim.sample, f"{claim.tag}#{turn}")
 
     def warm(self, index: int, start_ns: int) -> bool:
         sc = self.sc
         return index < sc.warmup_requests or start_ns < self.t0 + round(sc.warmup_seconds * 1e9)
 
     def store(self, wf: Waterfall, claim: _Claim, warmup: bool) -> None:
-        name, length = claim.template.name, claim.length
-        tags = Tags(self.sc.name, name, length, self.worker, self.step, warmup, claim.tag)
+        name, length, body = claim.template.name, claim.length, claim.body
+        out = body.get("max_tokens", body.get("max_completion_tokens"))
+        least = body.get("min_tokens")
+        tags = Tags(
+            *(self.sc.name, name, length, self.worker, self.step, warmup, claim.tag),
+            max_tokens=_count(out),
+            min_tokens=_count(least),
+        )
         self.ws.add(wf, tags)
         self.stored += 1
         if wf.tls is not None and wf.tls.version:
@@ -212,6 +236,12 @@ class _Run:
             return True  # a graceful stop: issue nothing more, let in-flight requests finish
         d = self.sc.duration
         return d is not None and t_ns >= self.t0 + round(d * 1e9)
+
+
+def _count(value: Any) -> int:
+    """A token count a body carries (an int, not a bool), or -1."""
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return int(value) if ok else -1
 
 
 async def _send(
@@ -409,10 +439,13 @@ async def run(
             run (over its caps) is the result's ``spans_dropped`` and a summary note.
     """
     sent = {**request_headers(scenario), **(headers or {})}  # an unset variable: before any file
+    lengths = lengths_for(scenario)
     dataset = None if scenario.dataset is None else load_dataset(scenario.dataset)
-    if dataset is not None:
+    if dataset is not None and scenario.dataset is not None:
+        dataset = filter_dataset(dataset, scenario.dataset, lengths)
         check_fits(dataset, scenario)
     trace = None if scenario.trace is None else load_trace(scenario.trace)
+    sized = resolve_lengths(scenario, lengths)  # empirical length files read
     meta = {
         "scenario": scenario.to_dict(),
         "fingerprint": fingerprint(scenario.url, scenario=None, rtt_samples=rtt_samples),
@@ -426,7 +459,7 @@ async def run(
         headers=sent,
     )
     pacer = Pacer() if scenario.mode == "open" else None
-    r = _Run(scenario, ws, client, worker, step, progress, on_row, stop, dataset, trace)
+    r = _Run(sized, ws, client, worker, step, progress, on_row, stop, dataset, trace, lengths)
     started = scraper is not None and not scraper.running
     if scraper is not None and started:
         await scraper.start()
@@ -479,6 +512,9 @@ def _result(r: _Run, mon: LoopMonitor, pacer: Pacer | None, *, interrupted: bool
     lags = (list(r.ws.values("read_lag")), list(r.ws.values("read_lag_max")))
     health = mon.health(pacer, lags)
     res = RunResult(r.ws, r.sc, r.issued, health, mon.wall_s, interrupted=interrupted)
+    lines, lengths = length_report(r.ws, r.sc)
+    res.notes.extend(lines)
+    r.ws.note("lengths", lengths)
     if interrupted:
         n = r.ws.labels("error_type").count("cancelled")
         res.notes.append(f"the run was INTERRUPTED: {n} requests in flight stored as cancelled")

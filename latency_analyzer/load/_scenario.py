@@ -41,6 +41,12 @@ class Template:
         prompt_tokens: synthetic prompt length distribution (None: a one-word prompt).
         max_tokens: the ``max_tokens`` asked for (None: not sent).
         body: extra JSON fields merged into the request body (e.g. ``{"temperature": 0}``).
+        min_tokens: sent as ``min_tokens`` (vLLM's and SGLang's extra field: no end of
+            sequence before that many tokens); capped at the request's ``max_tokens``.
+        ignore_eos: sent as ``ignore_eos`` (vLLM, SGLang: generate up to ``max_tokens``
+            whatever the model's end-of-sequence token says).
+        output_tokens: a distribution of ``max_tokens``, drawn per request (instead of the
+            one number ``max_tokens``).
     """
 
     name: str = "default"
@@ -48,6 +54,26 @@ class Template:
     prompt_tokens: Dist | None = None
     max_tokens: int | None = None
     body: Mapping[str, Any] = field(default_factory=dict)
+    min_tokens: int | None = None
+    ignore_eos: bool | None = None
+    output_tokens: Dist | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise UsageError(f"template {self.name!r}: max_tokens must be >= 1")
+        if self.min_tokens is not None and self.min_tokens < 0:
+            raise UsageError(f"template {self.name!r}: min_tokens must be >= 0")
+        if self.output_tokens is not None and self.max_tokens is not None:
+            raise UsageError(
+                f"template {self.name!r}: give max_tokens (one number) or output_tokens (a "
+                "distribution of it), not both"
+            )
+        fixed = self.max_tokens
+        if self.min_tokens is not None and fixed is not None and self.min_tokens > fixed:
+            raise UsageError(
+                f"template {self.name!r}: min_tokens ({self.min_tokens}) is above max_tokens "
+                f"({fixed})"
+            )
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | Template) -> Template:
@@ -62,14 +88,33 @@ class Template:
             raise UsageError(f"a template must be a table, got {_kind(data)}")
         fields = dict(data)
         _check_keys(cls, fields, "template")
-        if fields.get("prompt_tokens") is not None:
-            fields["prompt_tokens"] = _dist_field(fields["prompt_tokens"], "prompt_tokens")
+        for key in ("prompt_tokens", "output_tokens"):
+            if fields.get(key) is not None:
+                fields[key] = _dist_field(fields[key], key)
         _check_types(cls, fields, "template")
         return cls(**fields)
+
+    def output_fields(self, rng: random.Random, row_max: int | None = None) -> dict[str, Any]:
+        """The output-length fields of one request's body: ``max_tokens`` (``row_max``, a
+        dataset or trace row's own, else a draw of ``output_tokens``, else ``max_tokens``),
+        ``min_tokens`` (capped at ``max_tokens``) and ``ignore_eos``, each only when set."""
+        out: dict[str, Any] = {}
+        if row_max is not None:
+            out["max_tokens"] = row_max
+        elif self.output_tokens is not None:
+            out["max_tokens"] = max(1, round(self.output_tokens.sample(rng)))
+        elif self.max_tokens is not None:
+            out["max_tokens"] = self.max_tokens
+        if self.min_tokens is not None:
+            out["min_tokens"] = min(self.min_tokens, out.get("max_tokens", self.min_tokens))
+        if self.ignore_eos is not None:
+            out["ignore_eos"] = self.ignore_eos
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         out["prompt_tokens"] = self.prompt_tokens.to_spec() if self.prompt_tokens else None
+        out["output_tokens"] = self.output_tokens.to_spec() if self.output_tokens else None
         return out
 
 
@@ -111,6 +156,9 @@ class Scenario:
         dataset: prompts from a file (see :mod:`latency_analyzer.load._datasets`).
         trace: a request log replayed at its own instants (an open loop; see
             :mod:`latency_analyzer.load._trace`).
+        tokenizer: a local ``tokenizer.json`` or tokenizer folder: prompt lengths are then
+            built and measured in tokens (see :mod:`latency_analyzer.load._tokenizer`);
+            None: in words, marked approximate.
     """
 
     url: str
@@ -139,6 +187,7 @@ class Scenario:
     body_extra: Mapping[str, Any] = field(default_factory=dict)
     dataset: Mapping[str, Any] | None = None
     trace: Mapping[str, Any] | None = None
+    tokenizer: str | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in _MODES:
@@ -160,6 +209,8 @@ class Scenario:
             raise UsageError("concurrency and max_in_flight must be >= 1")
         if not self.templates or sum(t.weight for t in self.templates) <= 0:
             raise UsageError("the mix needs at least one template with a positive weight")
+        if self.think_time is not None and self.think_time.source is not None:
+            raise UsageError("think_time: an empirical file gives lengths; list the seconds")
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Scenario:
@@ -202,7 +253,8 @@ class Scenario:
     def body(
         self, template: Template, rng: random.Random, index: int
     ) -> tuple[dict[str, Any], int]:
-        """The JSON body of one request and its synthetic prompt length (-1 if unset)."""
+        """The JSON body of one request and its synthetic prompt length in words (-1 if
+        unset); a run builds its bodies with its tokenizer, if any, instead."""
         length = -1
         prompt = "hi"
         if template.prompt_tokens is not None:
@@ -215,8 +267,7 @@ class Scenario:
             body["prompt"] = prompt
         if self.stream:
             body["stream_options"] = {"include_usage": True}
-        if template.max_tokens is not None:
-            body["max_tokens"] = template.max_tokens
+        body.update(template.output_fields(rng, None))
         body.update(self.body_extra)
         body.update(template.body)
         return body, length

@@ -39,6 +39,7 @@ from ...analysis import Tags, WaterfallSet, fingerprint
 from ...errors import UsageError
 from ...timeline import Waterfall
 from .._checks import request_headers
+from .._lengths import length_report, lengths_for
 from .._scenario import Scenario
 from ._results import (
     DistributedResult,
@@ -131,6 +132,7 @@ class DistributedRun:
     ) -> None:
         # a scenario's headers reach the workers as this option: its to_dict() omits values
         sent = {**request_headers(scenario), **(headers or {})}
+        lengths_for(scenario)  # a tokenizer that cannot be read fails here, not in each worker
         parts = split_scenario(scenario, workers)
         self.scenario, self.parts = scenario, [p.replace(headers={}, header_env={}) for p in parts]
         self.backend, self.path = backend, path
@@ -270,6 +272,9 @@ class DistributedRun:
             backend=self.backend.name,
         )
         rates(res)
+        lines, lengths = length_report(ws, sc)
+        res.notes.extend(lines)
+        ws.note("lengths", lengths)
         res.notes.extend(worker_notes(self.reports))
         note = rtt_note(self.reports)
         if note:
