@@ -18,7 +18,7 @@ from .cli_export import add_export_parser
 from .cli_report import add_report_parser
 from .errors import RequestError, UsageError
 from .load.cli import add_compare_parser, add_run_parser
-from .report.text import render_waterfall
+from .report.waterfall_text import render_waterfall
 from .timeline import Waterfall
 
 __all__ = ["main"]

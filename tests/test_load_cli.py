@@ -11,8 +11,8 @@ import pytest
 from latency_analyzer.analysis import Tags, WaterfallSet
 from latency_analyzer.cli import main as cli_main
 from latency_analyzer.load.cli import add_compare_parser, add_run_parser
-from latency_analyzer.report._synthetic import synthetic
 from latency_analyzer.testing import LLMServer
+from latency_analyzer.testing.waterfalls import synthetic
 
 
 def _parser() -> argparse.ArgumentParser:

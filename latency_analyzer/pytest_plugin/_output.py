@@ -7,7 +7,7 @@ from typing import Any
 
 from .._redact import redact_text
 from .._units import format_ns
-from ..report.text import render_waterfall
+from ..report.waterfall_text import render_waterfall
 from ..timeline import Waterfall
 from ._budgets import SERVER_ONLY_STAGES
 from ._check import BudgetResult, Evaluation
