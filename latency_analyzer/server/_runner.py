@@ -25,7 +25,7 @@ class Receiver:
     Attributes:
         accepted: export requests stored.
         rejected: export requests refused as malformed or over budget.
-        busy: decodes running or queued now.
+        busy: export requests refused because their decode lane was full (the pool's count).
     """
 
     def __init__(self, store: SpanStore, host: str, port: int, limits: Limits) -> None:
@@ -39,6 +39,7 @@ class Receiver:
 
     @property
     def busy(self) -> int:
+        """Export requests refused with "try later" (0 before the receiver starts)."""
         return 0 if self._pool is None else self._pool.busy
 
     async def start(self) -> None:
