@@ -39,7 +39,7 @@ class Receiver:
 
     @property
     def busy(self) -> int:
-        """Export requests refused with "try later" (0 before the receiver starts)."""
+        """Export requests refused with "try later" (0 while it is not serving)."""
         return 0 if self._pool is None else self._pool.busy
 
     async def start(self) -> None:
