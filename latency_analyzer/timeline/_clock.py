@@ -311,5 +311,6 @@ def cristian_offset(samples: Iterable[tuple[int, int, int]]) -> tuple[float, flo
     offset, error = 0.0, math.inf
     for sent, remote, back in samples:
         if (back - sent) / 2e9 < error:
-            offset, error = (remote - (sent + back) / 2) / 1e9, (back - sent) / 2e9
+            # in integers until the one division: epoch ns lose hundreds of ns as floats
+            offset, error = (2 * remote - sent - back) / 2e9, (back - sent) / 2e9
     return offset, error
