@@ -2,7 +2,8 @@
 
 Lines are buffered and written in batches, so a crash loses at most the last unflushed batch
 and a run's memory does not grow with its length. Used by ``WaterfallSet`` (rows) and
-``MetricSeries`` (scrapes); a leaf module that imports nothing else of the package.
+``MetricSeries`` (scrapes), whose file handling is :class:`Streamed`'s; a leaf module that
+imports nothing else of the package.
 """
 
 from __future__ import annotations
@@ -11,9 +12,12 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import IO, Any
+from types import TracebackType
+from typing import IO, Any, TypeVar
 
-__all__ = ["JsonlWriter"]
+__all__ = ["JsonlWriter", "Streamed"]
+
+S = TypeVar("S", bound="Streamed")
 
 
 class JsonlWriter:
@@ -59,3 +63,29 @@ class JsonlWriter:
             self.flush()
             self._file.close()
             self._file = None
+
+
+class Streamed:
+    """Data held in memory and, when it has a file, streamed to it: ``flush``, ``close`` and
+    ``with`` for a class whose ``_out`` is its :class:`JsonlWriter` (None: memory only)."""
+
+    _out: JsonlWriter | None = None
+
+    def flush(self) -> None:
+        """Write buffered lines to the file now."""
+        if self._out is not None:
+            self._out.flush()
+
+    def close(self) -> None:
+        """Flush and close the file (what is in memory stays usable)."""
+        if self._out is not None:
+            self._out.close()
+            self._out = None
+
+    def __enter__(self: S) -> S:
+        return self
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()

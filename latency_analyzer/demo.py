@@ -20,7 +20,7 @@ from typing import Any
 from .analysis.diagnose import diagnose, format_findings, what_if
 from .capture.alpn import aprobe_alpn
 from .capture.client import Client
-from .report.text import render_waterfall
+from .report.waterfall_text import render_waterfall
 from .testing import TestBed
 from .timeline import Waterfall
 

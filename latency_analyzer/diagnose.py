@@ -8,31 +8,12 @@ come from :mod:`latency_analyzer.capture.alpn`, the ALPN probe's home.
 
 from __future__ import annotations
 
-from .analysis.diagnose import (
-    CLIENT_REMEDIES,
-    RULES,
-    Finding,
-    Thresholds,
-    WhatIf,
-    diagnose,
-    format_findings,
-    what_if,
-)
+from .analysis.diagnose import *  # noqa: F403  (a re-export: every public name of the package)
+from .analysis.diagnose import __all__ as _PACKAGE_NAMES
+from .analysis.diagnose import diagnose
 from .capture.alpn import aprobe_alpn, probe_alpn
 
-__all__ = [
-    "CLIENT_REMEDIES",
-    "RULES",
-    "Finding",
-    "Thresholds",
-    "WhatIf",
-    "aprobe_alpn",
-    "diagnose",
-    "diagnose_set",
-    "format_findings",
-    "probe_alpn",
-    "what_if",
-]
+__all__ = [*_PACKAGE_NAMES, "aprobe_alpn", "diagnose_set", "probe_alpn"]
 
 #: :func:`diagnose` under the name it had when it took only many requests.
 diagnose_set = diagnose

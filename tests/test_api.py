@@ -217,11 +217,17 @@ PRESENTATION = ("latency_analyzer.report", "latency_analyzer.diagnose")
 
 
 def test_timeline_and_errors_are_pure() -> None:
-    """The model imports only itself, the exceptions and the redaction point (pure string
-    functions: what a summary or an error message may show), no I/O library, and no
+    """The model imports only itself, the exceptions, the redaction point (pure string
+    functions: what a summary or an error message may show) and the percentile definition
+    (the clock offsets' edge estimates take their ranks from it), no I/O library, and no
     presentation, not even inside a method: ``wf.plot()`` and the notebook reprs go through
     registered presenters (``timeline._display``)."""
-    allowed = ("latency_analyzer.timeline", "latency_analyzer.errors", "latency_analyzer._redact")
+    allowed = (
+        "latency_analyzer.timeline",
+        "latency_analyzer.errors",
+        "latency_analyzer._redact",
+        "latency_analyzer._rank",
+    )
     assert [
         v for sub in ("timeline", "errors") for v in _violations(sub, allowed, IO_LIBRARIES)
     ] == []
@@ -256,8 +262,13 @@ def test_capture_does_not_import_upward() -> None:
 
 
 def test_testing_is_standalone() -> None:
+    """The test bed imports nothing of the package but a leaf helper; its synthetic
+    waterfalls (``testing/waterfalls.py``) also the model they are made of, and no other
+    module of the test bed imports them, so ``import latency_analyzer.testing`` stays light."""
     allowed = ("latency_analyzer.testing", "latency_analyzer._threads")  # a leaf helper
-    assert _violations("testing", allowed, set()) == []
+    model = "testing/waterfalls.py imports latency_analyzer.timeline"
+    assert [v for v in _violations("testing", allowed, set()) if v != model] == []
+    assert _imports_of("testing", "latency_analyzer.testing.waterfalls") == []
 
 
 def test_report_does_not_import_capture() -> None:
@@ -391,7 +402,8 @@ def test_the_vocabulary_is_the_designs() -> None:
 
 
 def test_public_modules_import_cleanly() -> None:
-    for name in ("latency_analyzer.cli", "latency_analyzer.demo", "latency_analyzer.report.text"):
+    text = "latency_analyzer.report.waterfall_text"
+    for name in ("latency_analyzer.cli", "latency_analyzer.demo", text):
         assert importlib.import_module(name) is not None
 
 

@@ -17,7 +17,7 @@ from test_report_exports import CREATED, SECRET, _cold, _failed, _golden, _warm
 from latency_analyzer import Waterfall
 from latency_analyzer.analysis import Tags, WaterfallSet
 from latency_analyzer.cli import main
-from latency_analyzer.report._synthetic import synthetic
+from latency_analyzer.testing.waterfalls import synthetic
 from latency_analyzer.timeline import TlsInfo
 
 STAMP = "2025-01-02T03:04:05.678901Z"

@@ -17,7 +17,7 @@ from latency_analyzer.diagnose import (
     diagnose_set,
     format_findings,
 )
-from latency_analyzer.report._synthetic import synthetic
+from latency_analyzer.testing.waterfalls import synthetic
 from latency_analyzer.timeline import ConnectionInfo, TcpInfo, TlsInfo
 
 TLS_FULL = TlsInfo("TLSv1.3", "TLS_AES_128_GCM_SHA256", "http/1.1", False, "llm.test")

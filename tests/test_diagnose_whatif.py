@@ -7,7 +7,7 @@ import math
 import pytest
 
 from latency_analyzer.diagnose import WhatIf, diagnose, format_findings, what_if
-from latency_analyzer.report._synthetic import synthetic
+from latency_analyzer.testing.waterfalls import synthetic
 
 # the story: a "123 ms" TTFT that is 23 ms DNS + 41 ms TLS + a 40 ms round trip + 18 ms prefill
 STORY = {"dns": 23.0, "connect": 0.2, "tls": 41.0, "send": 0.1, "wait": 40.5, "first_token": 18.0}

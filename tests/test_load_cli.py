@@ -12,8 +12,8 @@ from latency_analyzer.analysis import Tags, WaterfallSet
 from latency_analyzer.cli import main as cli_main
 from latency_analyzer.cli.compare import add_compare_parser
 from latency_analyzer.cli.run import add_run_parser
-from latency_analyzer.report._synthetic import synthetic
 from latency_analyzer.testing import LLMServer
+from latency_analyzer.testing.waterfalls import synthetic
 
 
 def _parser() -> argparse.ArgumentParser:

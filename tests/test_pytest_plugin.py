@@ -26,13 +26,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from latency_analyzer import Span, UsageError, Waterfall
+from latency_analyzer._budget_keys import NAMES, parse_key
 from latency_analyzer._units import format_ns, parse_duration_ns
 from latency_analyzer.pytest_plugin._budgets import (
-    NAMES,
     BudgetSpec,
     merge_specs,
     parse_budget_lines,
-    parse_key,
     parse_marker_kwargs,
 )
 from latency_analyzer.pytest_plugin._check import evaluate

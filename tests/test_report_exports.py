@@ -30,9 +30,9 @@ from latency_analyzer.report import (
     waterfall_html,
     write_jsonl,
 )
-from latency_analyzer.report._synthetic import ANCHOR, synthetic
-from latency_analyzer.report.text import render_waterfall
+from latency_analyzer.report.waterfall_text import render_waterfall
 from latency_analyzer.server import decode_otlp_json
+from latency_analyzer.testing.waterfalls import ANCHOR, synthetic
 from latency_analyzer.timeline import Span, TlsInfo
 
 GOLDEN = Path(__file__).parent / "golden"

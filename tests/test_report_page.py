@@ -12,7 +12,7 @@ import pytest
 
 from latency_analyzer.analysis import Tags, WaterfallSet
 from latency_analyzer.cli import main
-from latency_analyzer.report._synthetic import synthetic
+from latency_analyzer.testing.waterfalls import synthetic
 from latency_analyzer.timeline import TlsInfo
 
 pytest.importorskip("matplotlib")

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from latency_analyzer.analysis import Tags, WaterfallSet
-from latency_analyzer.report._synthetic import synthetic
-from latency_analyzer.report.text import render_waterfall
+from latency_analyzer.report.waterfall_text import render_waterfall
+from latency_analyzer.testing.waterfalls import synthetic
 
 pytest.importorskip("matplotlib")
 

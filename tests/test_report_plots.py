@@ -20,9 +20,9 @@ from latency_analyzer.report import (
     waterfall_png,
     waterfall_svg,
 )
-from latency_analyzer.report._synthetic import synthetic
 from latency_analyzer.report.palette import OKABE_ITO, ansi256
-from latency_analyzer.report.text import render_waterfall
+from latency_analyzer.report.waterfall_text import render_waterfall
+from latency_analyzer.testing.waterfalls import synthetic
 
 pytest.importorskip("matplotlib")
 from matplotlib.collections import LineCollection

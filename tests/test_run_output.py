@@ -14,7 +14,7 @@ from latency_analyzer.errors import UsageError
 from latency_analyzer.load import ClientHealth, Scenario
 from latency_analyzer.load._monitor import cpu_times, steal_share
 from latency_analyzer.load._progress import ProgressLine
-from latency_analyzer.report._synthetic import synthetic
+from latency_analyzer.testing.waterfalls import synthetic
 
 LAG = {"p50_s": 0.001, "p99_s": 0.030, "max_s": 0.040}
 CALM = {"p50_s": 0.0001, "p99_s": 0.001, "max_s": 0.002}

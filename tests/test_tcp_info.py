@@ -11,7 +11,7 @@ from conftest import assert_exact
 import latency_analyzer as la
 from latency_analyzer.capture._tcpinfo import decode_tcp_info
 from latency_analyzer.report.har import har_entry
-from latency_analyzer.report.tabular import TCP_COLUMNS, to_csv
+from latency_analyzer.report.row_exports import TCP_COLUMNS, to_csv
 from latency_analyzer.testing import H2LLMServer, LLMServer, TestCA
 
 

@@ -23,7 +23,7 @@ from latency_analyzer.analysis import WaterfallSet
 from latency_analyzer.capture import _wire
 from latency_analyzer.capture._state import RequestState
 from latency_analyzer.errors import UsageError
-from latency_analyzer.report.text import render_waterfall
+from latency_analyzer.report.waterfall_text import render_waterfall
 from latency_analyzer.testing import LLMServer
 from latency_analyzer.testing.pcap import PacketCapture, read_pcap
 from latency_analyzer.timeline import Recorder

@@ -19,18 +19,25 @@ import math
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from .._jsonl import JsonlWriter
+from .._jsonl import JsonlWriter, Streamed
 from .._redact import redact_obj
 from ..errors import UsageError
 from ..timeline import Waterfall
 from ..timeline._display import present
-from ._columns import CATEGORICAL, COUNT_METRICS, TIME_METRICS, Columns, Tags, row_of, stage_order
+from ._columns import CATEGORICAL, TIME_METRICS, Columns, Tags, row_of, stage_order
+from ._select import (
+    criteria_mask,
+    group_values,
+    mark_warmup,
+    metric_values,
+    row_mask,
+    stats_mask,
+)
 from ._stats import PERCENTILES, Estimate, mean_ci, percentiles_ci
 from ._summary import Summary  # it names WaterfallSet only for typing
 
@@ -47,7 +54,7 @@ def _p_key(p: float) -> str:
     return f"p{p:g}"
 
 
-class WaterfallSet:
+class WaterfallSet(Streamed):
     """Many waterfalls stored as columns; optionally streamed to a JSONL file as they come.
 
     Args:
@@ -71,7 +78,7 @@ class WaterfallSet:
         self.path = None if path is None else Path(path)
         self.damaged_lines = 0
         self._cols = Columns()
-        self._out: JsonlWriter | None = None
+        self._out = None
         if self.path is not None:
             self._out = JsonlWriter(self.path, flush_every=flush_every, fsync=fsync)
             self._out.write_now({"kind": "run", "schema": SET_SCHEMA, "meta": self.meta})
@@ -94,25 +101,6 @@ class WaterfallSet:
         self.meta[kind] = clean
         if self._out is not None:
             self._out.write_now({"kind": "note", "name": kind, "data": clean})
-
-    def flush(self) -> None:
-        """Write buffered rows to the file now."""
-        if self._out is not None:
-            self._out.flush()
-
-    def close(self) -> None:
-        """Flush and close the file (the in-memory columns stay usable)."""
-        if self._out is not None:
-            self._out.close()
-            self._out = None
-
-    def __enter__(self) -> WaterfallSet:
-        return self
-
-    def __exit__(
-        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
     # -- loading and merging --------------------------------------------------------------
     @classmethod
@@ -244,31 +232,8 @@ class WaterfallSet:
         Raises:
             UsageError: an unknown name.
         """
-        keep = self._stats_mask(include_warmup, include_errors)
-        if name in TIME_METRICS:
-            vals = self.column(TIME_METRICS[name]).astype(np.float64) / 1e9
-        elif name in COUNT_METRICS:
-            raw = self.column(COUNT_METRICS[name])
-            vals, keep = raw.astype(np.float64), keep & (raw >= 0)
-        elif name in self._cols.stages:
-            vals = self.column(f"stage:{name}").astype(np.float64) / 1e9
-            if present_only:
-                bit = 1 << self._cols.stages.index(name)
-                keep = keep & (self.column("stage_mask") & bit).astype(bool)
-        elif name in ("schedule_lag", "pool_wait", "dns", "connect", "tls", "send", "wait"):
-            vals = np.zeros(len(self))  # a known stage that no request in the set had
-        else:
-            raise UsageError(f"unknown metric or stage {name!r}")
-        vals = vals[keep]
-        return vals[~np.isnan(vals)]
-
-    def _stats_mask(self, include_warmup: bool, include_errors: bool) -> npt.NDArray[np.bool_]:
-        keep = np.ones(len(self), dtype=bool)
-        if not include_warmup:
-            keep &= ~self.warmup
-        if not include_errors:
-            keep &= self.ok
-        return keep
+        keep = stats_mask(self, include_warmup, include_errors)
+        return metric_values(self, name, keep, present_only, self._cols.stages)
 
     # -- statistics -----------------------------------------------------------------------
     def percentiles(
@@ -317,7 +282,7 @@ class WaterfallSet:
 
     def throughput(self, *, include_warmup: bool = False) -> dict[str, float]:
         """Completed ok requests and output tokens per second over the set's span."""
-        keep = self._stats_mask(include_warmup, include_errors=False)
+        keep = stats_mask(self, include_warmup, include_errors=False)
         start = self.column("epoch_ns")[keep]
         if start.size == 0:
             return {"requests_per_s": math.nan, "output_tokens_per_s": math.nan, "span_s": 0.0}
@@ -380,24 +345,15 @@ class WaterfallSet:
         ``window=(t0, t1)``: requests whose (intended) start lies in [t0, t1) seconds after
         the set's first start.
         """
-        mask = np.ones(len(self), dtype=bool)
-        for name, want in (
-            ("scenario", scenario),
-            ("template", template),
-            ("error_type", error_type),
-            ("http_version", http_version),
-        ):
-            if want is not None:
-                mask &= np.array([v == want for v in self.labels(name)], dtype=bool)
-        for name, num in (("status", status), ("worker", worker), ("step", step)):
-            if num is not None:
-                mask &= self.column(name) == num
-        for flag, col in ((ok, self.ok), (cold, self.cold), (warmup, self.warmup)):
-            if flag is not None:
-                mask &= col == flag
-        if window is not None:
-            t = self.elapsed_s()
-            mask &= (t >= window[0]) & (t < window[1])
+        labels = {
+            "scenario": scenario,
+            "template": template,
+            "error_type": error_type,
+            "http_version": http_version,
+        }
+        numbers = {"status": status, "worker": worker, "step": step}
+        flags = {"ok": ok, "cold": cold, "warmup": warmup}
+        mask = criteria_mask(self, labels, numbers, flags, window)
         return self.where(mask)
 
     def group_by(self, key: str, *, bins: Sequence[float] | None = None) -> dict[Any, WaterfallSet]:
@@ -412,42 +368,18 @@ class WaterfallSet:
         """
         if key not in _GROUP_KEYS:
             raise UsageError(f"cannot group by {key!r}; expected one of {_GROUP_KEYS}")
-        keys = self._group_values(key, bins)
+        keys = group_values(self, key, bins)
         groups: dict[Any, list[int]] = {}
         for i, k in enumerate(keys):
             groups.setdefault(k, []).append(i)
-        return {k: self.where(_mask(len(self), idx)) for k, idx in groups.items()}
-
-    def _group_values(self, key: str, bins: Sequence[float] | None) -> list[Any]:
-        if key in CATEGORICAL:
-            return list(self.labels(key))
-        col = {"cold": self.cold, "ok": self.ok}.get(key)
-        col = self.column(key) if col is None else col
-        if bins is None:
-            return [v.item() for v in col]
-        edges = list(bins)
-        where = np.searchsorted(np.asarray(edges), col, side="left")
-        labels = [f"({lo:g}, {hi:g}]" for lo, hi in zip([0.0, *edges[:-1]], edges, strict=True)]
-        labels.append(f"> {edges[-1]:g}")
-        return [labels[i] for i in where]
+        return {k: self.where(row_mask(len(self), idx)) for k, idx in groups.items()}
 
     def trim_warmup(
         self, *, count: int | None = None, seconds: float | None = None
     ) -> WaterfallSet:
         """A copy whose first ``count`` requests, or those starting within the first
         ``seconds``, are marked warm-up (per sweep step): kept, but out of the statistics."""
-        cols = self._cols.take(np.arange(len(self)))
-        warm = cols.arrays["warmup"].copy()
-        epoch, step = cols.arrays["epoch_ns"], cols.arrays["step"]
-        for s in np.unique(step):
-            rows = np.flatnonzero(step == s)
-            order = rows[np.argsort(epoch[rows], kind="stable")]
-            if count:
-                warm[order[:count]] = True
-            if seconds:
-                t0 = epoch[order[0]]
-                warm[rows[epoch[rows] < t0 + round(seconds * 1e9)]] = True
-        cols.arrays["warmup"] = warm
+        cols = mark_warmup(self._cols.take(np.arange(len(self))), count, seconds)
         return WaterfallSet._from_columns(cols, like=self)
 
     def __iter__(self) -> Iterator[int]:  # pragma: no cover - guard against misuse
@@ -458,9 +390,3 @@ class WaterfallSet:
         return (
             f"<WaterfallSet {c['requests']} requests, {c['errors']} errors, {c['warmup']} warm-up>"
         )
-
-
-def _mask(n: int, idx: list[int]) -> npt.NDArray[np.bool_]:
-    m = np.zeros(n, dtype=bool)
-    m[idx] = True
-    return m

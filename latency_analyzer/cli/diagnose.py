@@ -23,7 +23,7 @@ from ..analysis.diagnose import Finding, WhatIf, diagnose, format_findings, what
 from ..capture.alpn import aprobe_alpn
 from ..capture.client import Client
 from ..errors import UsageError
-from ..report.text import render_waterfall
+from ..report.waterfall_text import render_waterfall
 from ..timeline import Waterfall
 
 __all__ = ["add_diagnose_parser", "cmd_diagnose", "probe_many"]

@@ -28,7 +28,7 @@ def _writers() -> dict[str, Writer]:
     from ..report.chrome_trace import write_chrome_trace
     from ..report.har import write_har
     from ..report.otlp import write_otlp_json
-    from ..report.tabular import write_csv, write_parquet
+    from ..report.row_exports import write_csv, write_parquet
 
     return {
         "har": write_har,

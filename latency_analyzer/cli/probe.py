@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..capture.client import probe
-from ..report.text import render_waterfall
+from ..report.waterfall_text import render_waterfall
 from ..timeline import Waterfall
 from .diagnose import probe_many
 

@@ -51,6 +51,7 @@ __all__ = [
     "load_dataset",
     "resolve_paths",
     "sample_body",
+    "table_path",
 ]
 
 _KEYS = (
@@ -126,6 +127,21 @@ def resolve_paths(data: MutableMapping[str, Any], base: Path) -> None:
             data[key] = {**table, "path": str(p if p.is_absolute() else base / p)}
 
 
+def table_path(spec: Mapping[str, Any], keys: Sequence[str], table: str, kinds: str) -> str:
+    """The ``path`` of a scenario's ``table`` (``dataset``, ``trace``), its keys checked.
+
+    Raises:
+        UsageError: a key not in ``keys``, or no ``path`` (``kinds``: what it may name).
+    """
+    unknown = sorted(set(spec) - set(keys))
+    if unknown:
+        raise UsageError(f"unknown {table} key {unknown[0]!r}; expected some of {list(keys)}")
+    path = spec.get("path")
+    if not isinstance(path, str):
+        raise UsageError(f"{table} key 'path' is required ({kinds})")
+    return path
+
+
 def load_dataset(spec: Mapping[str, Any]) -> Dataset:
     """Read the dataset a scenario's ``dataset`` table describes.
 
@@ -133,12 +149,7 @@ def load_dataset(spec: Mapping[str, Any]) -> Dataset:
         UsageError: an unknown key, a missing file, a row without the field, a value of the
             wrong kind; the message names the file, the row and the key.
     """
-    unknown = sorted(set(spec) - set(_KEYS))
-    if unknown:
-        raise UsageError(f"unknown dataset key {unknown[0]!r}; expected some of {list(_KEYS)}")
-    path = spec.get("path")
-    if not isinstance(path, str):
-        raise UsageError("dataset key 'path' is required (a .jsonl, a .csv or a folder)")
+    path = table_path(spec, _KEYS, "dataset", "a .jsonl, a .csv or a folder")
     sampling = spec.get("sample", "random")
     if sampling not in _SAMPLING:
         raise UsageError(f"dataset key 'sample': expected one of {_SAMPLING}, got {sampling!r}")

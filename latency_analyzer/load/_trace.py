@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
-from ._datasets import json_lines
+from ._datasets import json_lines, table_path
 
 __all__ = ["TraceRow", "load_trace"]
 
@@ -66,12 +66,7 @@ def load_trace(spec: Mapping[str, Any]) -> list[TraceRow]:
             earlier than the row before, a row with neither prompt nor input length; the
             message names the file, the row and the key.
     """
-    unknown = sorted(set(spec) - set(_KEYS))
-    if unknown:
-        raise UsageError(f"unknown trace key {unknown[0]!r}; expected some of {list(_KEYS)}")
-    path = spec.get("path")
-    if not isinstance(path, str):
-        raise UsageError("trace key 'path' is required (a .jsonl or a .csv file)")
+    path = table_path(spec, _KEYS, "trace", "a .jsonl or a .csv file")
     speed = spec.get("speed", 1.0)
     bad_speed = isinstance(speed, bool) or not isinstance(speed, int | float)
     if bad_speed or not math.isfinite(speed) or speed <= 0:

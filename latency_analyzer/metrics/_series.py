@@ -27,13 +27,12 @@ from array import array
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from .._jsonl import JsonlWriter
+from .._jsonl import JsonlWriter, Streamed
 from ..errors import UsageError
 from ..timeline import ClockAnchor, process_anchor
 from ._parse import ParsedSample
@@ -89,7 +88,7 @@ class _Scrapes:
     ok: array[int]
 
 
-class MetricSeries:
+class MetricSeries(Streamed):
     """Scraped samples as columns: per target, per series, one value per successful scrape.
 
     Args:
@@ -114,7 +113,7 @@ class MetricSeries:
         self._ids: dict[tuple[str, str, Labels], int] = {}
         self._rows: list[array[int]] = []  # per series: indexes into its target's scrapes
         self._vals: list[array[float]] = []
-        self._out: JsonlWriter | None = None
+        self._out = None
         if self.path is not None:
             self._out = JsonlWriter(self.path, flush_every=flush_every)
             a = self.anchor
@@ -179,25 +178,6 @@ class MetricSeries:
     def _emit(self, obj: Mapping[str, Any]) -> None:
         if self._out is not None:  # a batch is flushed at scrape/gap lines, never mid-scrape
             self._out.append(obj, counts=obj["kind"] in ("scrape", "gap"))
-
-    def flush(self) -> None:
-        """Write buffered lines and flush them to the OS."""
-        if self._out is not None:
-            self._out.flush()
-
-    def close(self) -> None:
-        """Flush and close the file (the columns stay usable)."""
-        if self._out is not None:
-            self._out.close()
-            self._out = None
-
-    def __enter__(self) -> MetricSeries:
-        return self
-
-    def __exit__(
-        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> MetricSeries:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from ..timeline import AttrValue, Span, Waterfall
 from ._anchor import ProfileAnchor
-from ._profiler import ProfileResult
+from ._result import ProfileResult
 from ._trace import Frame, Segment
 
 __all__ = ["MIN_SAMPLES", "FrameTime", "StageProfile", "attach", "attribute", "stage_paths"]

@@ -17,29 +17,36 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.metadata
 import os
 import re
-import shutil
 import signal
 import subprocess
-import sys
 import tempfile
-import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
 from ..errors import LatencyAnalyzerError, UsageError
-from ._anchor import ProfileAnchor
-from ._trace import IDLE_FRAMES, Trace, read_chrometrace
+from ..timeline._clock import ProfileAnchor
+from ._pyspy import Lines, find_py_spy, reap
+from ._result import (
+    FAILED,
+    INSTALL_REMEDY,
+    PROFILED,
+    PTRACE_REMEDY,
+    REFUSED,
+    UNAVAILABLE,
+    ProfileResult,
+    diagnose_failure,
+)
+from ._trace import IDLE_FRAMES, read_chrometrace
 
 __all__ = [
     "FAILED",
     "MAX_RATE",
     "PROFILED",
+    "PTRACE_REMEDY",
     "REFUSED",
     "UNAVAILABLE",
     "ProfileResult",
@@ -47,152 +54,10 @@ __all__ = [
     "find_py_spy",
 ]
 
-PROFILED = "profiled"
-UNAVAILABLE = "unavailable"  # no py-spy binary
-REFUSED = "refused"  # ptrace not permitted, or no such process
-FAILED = "failed"  # py-spy ran but gave no usable trace
-
 #: py-spy accepts any rate, but above ~1 kHz its blocking reads dominate the target.
 MAX_RATE = 1000
 
-_READY = "Sampling process"
 _START_TIMEOUT_S = 15.0
-_STOP_TIMEOUT_S = 15.0
-
-PTRACE_REMEDY = (
-    "py-spy needs ptrace on the target: run as root or as the target's user, in Docker add "
-    "--cap-add SYS_PTRACE, in Kubernetes add SYS_PTRACE to securityContext.capabilities, or "
-    "allow it host-wide with sysctl kernel.yama.ptrace_scope=0"
-)
-INSTALL_REMEDY = "install it with `pip install py-spy` or pass py_spy='/path/to/py-spy'"
-
-
-@dataclass(frozen=True)
-class ProfileResult:
-    """What one profiling run produced (or why it produced nothing).
-
-    Attributes:
-        status: ``profiled``, ``unavailable``, ``refused`` or ``failed``.
-        note: why there is no (or only partial) profile data and how to fix it; None if clean.
-        trace: the replayed chrometrace (None unless profiled).
-        anchor: py-spy's zero on the client clock (None unless profiled).
-        rate: the requested sampling rate (Hz).
-        samples: py-spy's own count of samples taken (None if it did not say).
-        errors: py-spy's count of failed samples.
-        target_exited: the target exited before the profiler stopped.
-        wall_s: seconds from py-spy's start to its stop.
-        sampler_cpu_s: CPU seconds py-spy used; in blocking mode the target is paused while
-            py-spy reads its memory, so ``sampler_cpu_s / wall_s`` bounds the pause share.
-        nonblocking: sampled without pausing the target.
-        output: the chrometrace file, when kept.
-        command: the py-spy command line.
-        stderr: the tail of py-spy's stderr (for diagnosis).
-    """
-
-    status: str
-    note: str | None = None
-    trace: Trace | None = None
-    anchor: ProfileAnchor | None = None
-    rate: int = 100
-    samples: int | None = None
-    errors: int | None = None
-    target_exited: bool = False
-    wall_s: float | None = None
-    sampler_cpu_s: float | None = None
-    nonblocking: bool = True
-    output: Path | None = None
-    command: tuple[str, ...] = ()
-    stderr: str = field(default="", repr=False)
-
-    @property
-    def ok(self) -> bool:
-        """True when there is a trace to attribute."""
-        return self.status == PROFILED and self.trace is not None and self.anchor is not None
-
-    @property
-    def sampler_cpu_share(self) -> float | None:
-        """py-spy's CPU seconds per wall second (an upper bound on the target's pause share)."""
-        if self.sampler_cpu_s is None or not self.wall_s:
-            return None
-        return self.sampler_cpu_s / self.wall_s
-
-    @property
-    def effective_rate(self) -> float | None:
-        """Samples per second py-spy actually took (below ``rate`` when it fell behind)."""
-        if self.samples is None or not self.wall_s:
-            return None
-        return self.samples / self.wall_s
-
-
-def _packaged_binary() -> str | None:
-    """The ``py-spy`` script the ``py-spy`` wheel installs, wherever its files went."""
-    try:
-        files = importlib.metadata.files("py-spy") or []
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    for entry in files:
-        if entry.name in ("py-spy", "py-spy.exe"):
-            path = Path(str(entry.locate()))
-            if path.is_file():
-                return str(path)
-    return None
-
-
-def find_py_spy(path: str | os.PathLike[str] | None = None) -> str | None:
-    """The py-spy binary: ``path`` if given, else on PATH, beside ``sys.executable``, or in
-    the installed wheel's files. None if there is none."""
-    if path is not None:
-        return os.fspath(path)
-    found = shutil.which("py-spy")
-    if found:
-        return found
-    beside = Path(sys.executable).parent / "py-spy"
-    if beside.is_file() and os.access(beside, os.X_OK):
-        return str(beside)
-    return _packaged_binary()
-
-
-def _diagnose(stderr: str, pid: int | None) -> tuple[str, str]:
-    """(status, note) for a py-spy that stopped before sampling."""
-    text = stderr.lower()
-    last = next((ln for ln in reversed(stderr.strip().splitlines()) if "error" in ln.lower()), "")
-    detail = f" (py-spy: {last.strip()})" if last else ""
-    if "permission denied" in text or "operation not permitted" in text:
-        return REFUSED, f"ptrace not permitted{detail}; {PTRACE_REMEDY}"
-    if pid is not None and not Path(f"/proc/{pid}").exists():
-        return REFUSED, f"no process {pid} to profile (did it exit?){detail}"
-    if "failed to find python version" in text or "executable name" in text:
-        return REFUSED, f"py-spy could not read the target as a Python process{detail}"
-    return FAILED, f"py-spy stopped before sampling{detail}"
-
-
-class _Lines:
-    """Read a pipe on a daemon thread, timestamping each line (perf_counter_ns)."""
-
-    def __init__(self, stream: object, keep: int = 200) -> None:
-        self.lines: list[tuple[int, str]] = []
-        self.ready = threading.Event()
-        self.ready_ns: int | None = None
-        self._keep = keep
-        self._thread = threading.Thread(target=self._run, args=(stream,), daemon=True)
-        self._thread.start()
-
-    def _run(self, stream: object) -> None:
-        for raw in stream:  # type: ignore[attr-defined]  # a pipe: typed as object, iterable
-            now = time.perf_counter_ns()
-            line = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
-            if self.ready_ns is None and _READY in line:
-                self.ready_ns = now
-                self.ready.set()
-            self.lines.append((now, line.rstrip("\n")))
-            del self.lines[: -self._keep]
-        self.ready.set()  # EOF: py-spy is gone
-
-    def join(self, timeout: float) -> None:
-        self._thread.join(timeout)
-
-    def text(self) -> str:
-        return "\n".join(line for _, line in self.lines)
 
 
 class Profiler:
@@ -254,8 +119,8 @@ class Profiler:
         self._keep = output is not None
         self._output = Path(output) if output is not None else None
         self._proc: subprocess.Popen[bytes] | None = None
-        self._stdout: _Lines | None = None
-        self._stderr: _Lines | None = None
+        self._stdout: Lines | None = None
+        self._stderr: Lines | None = None
         self._spawn: tuple[int, int] = (0, 0)
         self._result: ProfileResult | None = None
 
@@ -362,8 +227,8 @@ class Profiler:
             return
         # Popen returns once exec succeeded; py-spy's zero follows within its start-up.
         self._spawn = (before, time.perf_counter_ns())
-        self._stdout = _Lines(self._proc.stdout)
-        self._stderr = _Lines(self._proc.stderr)
+        self._stdout = Lines(self._proc.stdout)
+        self._stderr = Lines(self._proc.stderr)
         self._stdout.ready.wait(self.start_timeout)
 
     def _finish(self) -> ProfileResult:
@@ -375,7 +240,7 @@ class Profiler:
         sampling = out.ready_ns is not None
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)
-        cpu_s, killed = _reap(proc)
+        cpu_s, killed = reap(proc)
         out.join(2.0)
         err.join(2.0)
         for pipe in (proc.stdout, proc.stderr):
@@ -390,11 +255,11 @@ class Profiler:
             "wall_s": (stop_ns - self._spawn[1]) / 1e9,
         }
         if not sampling:
-            status, note = _diagnose(err.text() + "\n" + out.text(), self.pid)
+            status, note = diagnose_failure(err.text() + "\n" + out.text(), self.pid)
             return ProfileResult(status, note, **base)  # type: ignore[arg-type]  # base: fields by name
         return self._read(out, killed, base)
 
-    def _read(self, out: _Lines, killed: bool, base: dict[str, object]) -> ProfileResult:
+    def _read(self, out: Lines, killed: bool, base: dict[str, object]) -> ProfileResult:
         assert self._output is not None and out.ready_ns is not None
         text = out.text()
         counts = re.search(r"Samples: (\d+) Errors: (\d+)", text)
@@ -419,21 +284,3 @@ class Profiler:
             output=self._output if self._keep else None,
             **base,  # type: ignore[arg-type]  # the common fields, each of its own type
         )
-
-
-def _reap(proc: subprocess.Popen[bytes]) -> tuple[float | None, bool]:
-    """Wait for py-spy (kill it if it hangs); return its CPU seconds and whether it was killed."""
-    deadline = time.monotonic() + _STOP_TIMEOUT_S
-    killed = False
-    while True:
-        try:
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-        except ChildProcessError:  # already reaped by poll(): its usage is gone
-            return None, killed
-        if pid:
-            proc.returncode = os.waitstatus_to_exitcode(status)
-            return usage.ru_utime + usage.ru_stime, killed
-        if time.monotonic() > deadline and not killed:
-            proc.kill()
-            killed = True
-        time.sleep(0.01)

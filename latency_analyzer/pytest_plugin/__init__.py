@@ -25,8 +25,9 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from .._budget_keys import valid_keys_text
 from ..errors import UsageError
-from ._budgets import parse_budget_lines, valid_keys_text
+from ._budgets import parse_budget_lines
 from ._output import table_lines
 from ._session import MARKER, BudgetSession, worker_id
 from ._stats import percentile

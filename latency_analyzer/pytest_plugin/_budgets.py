@@ -20,31 +20,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 
-from .._budget_keys import (
-    METRIC_NAMES,
-    NAMES,
-    OPTIONS,
-    SERVER_ONLY_STAGES,
-    STAGE_NAMES,
-    parse_key,
-    valid_keys_text,
-)
+from .._budget_keys import OPTIONS, parse_key
 from .._units import parse_duration_ns
 from ..errors import UsageError
 
 __all__ = [
-    "METRIC_NAMES",
-    "NAMES",
-    "OPTIONS",
-    "SERVER_ONLY_STAGES",
-    "STAGE_NAMES",
     "Budget",
     "BudgetSpec",
     "merge_specs",
     "parse_budget_lines",
-    "parse_key",
     "parse_marker_kwargs",
-    "valid_keys_text",
 ]
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from fractions import Fraction
 from typing import Any
 
+from .._budget_keys import SERVER_ONLY_STAGES
 from .._redact import redact_text
 from .._units import format_ns
-from ..report.text import render_waterfall
+from ..report.waterfall_text import render_waterfall
 from ..timeline import Waterfall
-from ._budgets import SERVER_ONLY_STAGES
 from ._check import BudgetResult, Evaluation
 from ._stats import samples, statistic
 

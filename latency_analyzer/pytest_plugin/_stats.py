@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
+from .._budget_keys import METRIC_NAMES, SERVER_ONLY_STAGES
 from .._rank import nearest_rank
 from ..errors import UsageError
 from ..timeline import Waterfall
-from ._budgets import METRIC_NAMES, SERVER_ONLY_STAGES
 
 __all__ = ["Samples", "percentile", "samples", "statistic"]
 

@@ -13,8 +13,8 @@
     report.report_page([report.Run("a", wfs, ws)]) # one self-contained HTML page
     report.write_jsonl(wfs, "run.jsonl"); report.to_dataframe(wfs)
 
-Everything loads on first use, so ``import latency_analyzer.report.text`` (the CLI) pulls in
-neither numpy nor matplotlib. Every export is versioned and scrubbed of credentials.
+Everything loads on first use, so ``import latency_analyzer.report.waterfall_text`` (the CLI)
+pulls in neither numpy nor matplotlib. Every export is versioned and scrubbed of credentials.
 """
 
 from __future__ import annotations
@@ -30,15 +30,7 @@ if TYPE_CHECKING:
     from .otlp import send_otlp, to_otlp_json, write_otlp_json
     from .page import Run, report_page
     from .palette import STAGE_COLOURS, colour
-    from .plot import (
-        plot_attribution,
-        plot_distributions,
-        plot_over_time,
-        plot_set,
-        plot_waterfall,
-    )
-    from .tables import set_table
-    from .tabular import (
+    from .row_exports import (
         read_jsonl,
         to_csv,
         to_dataframe,
@@ -46,7 +38,10 @@ if TYPE_CHECKING:
         write_jsonl,
         write_parquet,
     )
-    from .text import render_waterfall
+    from .set_plots import plot_attribution, plot_distributions, plot_over_time, plot_set
+    from .summary_table import set_table
+    from .waterfall_plot import plot_waterfall
+    from .waterfall_text import render_waterfall
 
 _WHERE = {
     "EXPORT_SCHEMA": "_common",
@@ -66,19 +61,19 @@ _WHERE = {
     "report_page": "page",
     "STAGE_COLOURS": "palette",
     "colour": "palette",
-    "plot_attribution": "plot",
-    "plot_distributions": "plot",
-    "plot_over_time": "plot",
-    "plot_set": "plot",
-    "plot_waterfall": "plot",
-    "read_jsonl": "tabular",
-    "to_csv": "tabular",
-    "to_dataframe": "tabular",
-    "write_csv": "tabular",
-    "write_jsonl": "tabular",
-    "write_parquet": "tabular",
-    "set_table": "tables",
-    "render_waterfall": "text",
+    "plot_attribution": "set_plots",
+    "plot_distributions": "set_plots",
+    "plot_over_time": "set_plots",
+    "plot_set": "set_plots",
+    "plot_waterfall": "waterfall_plot",
+    "read_jsonl": "row_exports",
+    "to_csv": "row_exports",
+    "to_dataframe": "row_exports",
+    "write_csv": "row_exports",
+    "write_jsonl": "row_exports",
+    "write_parquet": "row_exports",
+    "set_table": "summary_table",
+    "render_waterfall": "waterfall_text",
 }
 
 __all__ = [

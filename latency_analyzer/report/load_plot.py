@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..errors import UsageError
+from ._figure import figure_class
 from .palette import OKABE_ITO
-from .plot import _figure_class
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -66,7 +66,7 @@ def plot_load_curve(curve: LoadCurve) -> Figure:
     """
     if not curve.levels:
         raise UsageError("nothing to plot: the sweep has no points")
-    fig = _figure_class()(figsize=(11.0, 4.6), layout="constrained")
+    fig = figure_class()(figsize=(11.0, 4.6), layout="constrained")
     left, right = fig.subplots(1, 2)
     _latency(left, curve)
     _achieved(right, curve)

@@ -26,9 +26,9 @@ import numpy as np
 from .._version import __version__
 from ..analysis import WaterfallSet, compare
 from ..timeline import Waterfall
+from ._figure import figure_class
 from .html import waterfall_svg
 from .palette import colour
-from .plot import _figure_class
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -99,7 +99,7 @@ _NINES = np.array([50, 75, 90, 95, 99, 99.9])
 
 def _percentile_plot(runs: Sequence[Run], metric: str) -> str:
     """``metric`` at each percentile, on an axis that spreads the tail (1 / (1 - p))."""
-    fig = _figure_class()(figsize=(6.0, 3.6), layout="constrained")
+    fig = figure_class()(figsize=(6.0, 3.6), layout="constrained")
     ax = fig.subplots()
     xs = 1.0 / (1.0 - _NINES / 100.0)
     for i, run in enumerate(runs):
@@ -119,7 +119,7 @@ def _percentile_plot(runs: Sequence[Run], metric: str) -> str:
 
 
 def _cdf_plot(runs: Sequence[Run], metric: str) -> str:
-    fig = _figure_class()(figsize=(6.0, 3.6), layout="constrained")
+    fig = figure_class()(figsize=(6.0, 3.6), layout="constrained")
     ax = fig.subplots()
     for i, run in enumerate(runs):
         vals = np.sort(_values_ms(run.set.where(~run.set.warmup), metric))

@@ -11,7 +11,7 @@ In the small lane each payload has a thread of its own: the decodes hold the GIL
 hands it over every ``sys.getswitchinterval()`` (5 ms), so a cheap export beside costly small
 ones finishes in a few switch intervals instead of waiting for them to end. The large lane has
 one thread (its payloads queue): fewer threads asking for the GIL at once. The walk and the
-span conversion also yield the GIL every millisecond or so of work (``spans._YIELD_EVERY``).
+span conversion also yield the GIL every millisecond or so of work (``_limits.YIELD_EVERY``).
 Each decode's own cost is bounded by :class:`~latency_analyzer.server.spans.Limits`.
 """
 

@@ -30,14 +30,13 @@ path comes from the generated service descriptor and decoding is
 
 from __future__ import annotations
 
-import asyncio
 from typing import TYPE_CHECKING
 
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 from ..errors import UsageError
 from ._pool import Busy, DecodePool
-from ._runner import ThreadRunner
+from ._runner import Receiver
 from .spans import DEFAULT_LIMITS, Limits, PayloadError, PayloadTooLarge, decode_otlp_protobuf
 from .store import SpanStore
 
@@ -72,7 +71,7 @@ def import_grpc() -> None:
         ) from exc
 
 
-class OTLPGrpcReceiver:
+class OTLPGrpcReceiver(Receiver):
     """Receives OTLP/gRPC trace exports into a :class:`SpanStore`.
 
     Args:
@@ -113,22 +112,12 @@ class OTLPGrpcReceiver:
         if max_message <= 0:
             raise UsageError(f"max_message must be positive, not {max_message}")
         import_grpc()
-        self.store = store
-        self.host = host
-        self.port = port
+        super().__init__(store, host, port, limits)
         self.max_message = max_message
-        self.limits = limits
         self.handshake_timeout = handshake_timeout
         self.idle_timeout = idle_timeout
         self.max_concurrent_rpcs = max_concurrent_rpcs
-        self.accepted = 0
-        self.rejected = 0
         self._server: grpc.aio.Server | None = None
-        self._pool: DecodePool | None = None
-
-    @property
-    def busy(self) -> int:
-        return 0 if self._pool is None else self._pool.busy
 
     @property
     def target(self) -> str:
@@ -183,20 +172,7 @@ class OTLPGrpcReceiver:
         if self._server is not None:
             await self._server.stop(_SHUTDOWN_GRACE_S)
             self._server = None
-        if self._pool is not None:
-            pool, self._pool = self._pool, None
-            await asyncio.to_thread(pool.close)
-
-    async def __aenter__(self) -> OTLPGrpcReceiver:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.stop()
-
-    def run_in_thread(self) -> ThreadRunner[OTLPGrpcReceiver]:
-        """A sync context manager serving on a private loop in a daemon thread."""
-        return ThreadRunner(self)
+        await self._close_pool()
 
     async def _export(self, body: bytes, context: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
         import grpc

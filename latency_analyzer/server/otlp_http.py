@@ -35,7 +35,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from ._pool import Busy, DecodePool
-from ._runner import ThreadRunner
+from ._runner import Receiver
 from .spans import (
     DEFAULT_LIMITS,
     JSON,
@@ -78,7 +78,7 @@ def inflate(data: bytes, limit: int) -> bytes:
     return out
 
 
-class OTLPHttpReceiver:
+class OTLPHttpReceiver(Receiver):
     """Receives OTLP/HTTP trace exports into a :class:`SpanStore`.
 
     Args:
@@ -114,28 +114,18 @@ class OTLPHttpReceiver:
         header_timeout: float = 10.0,
         body_timeout: float = 30.0,
     ) -> None:
-        self.store = store
-        self.host = host
-        self.port = port
+        super().__init__(store, host, port, limits)
         self.max_body = max_body
         self.max_decompressed = max_decompressed
-        self.limits = limits
         self.max_connections = max_connections
         self.header_timeout = header_timeout
         self.body_timeout = body_timeout
-        self.accepted = 0
-        self.rejected = 0
         self.timed_out = 0
         self.refused = 0
         self._runner: web.AppRunner | None = None
         self._server: asyncio.Server | None = None
-        self._pool: DecodePool | None = None
         self._guards: dict[asyncio.BaseTransport, _Guard] = {}
         self._waiting: OrderedDict[_Guard, None] = OrderedDict()  # in their header phase
-
-    @property
-    def busy(self) -> int:
-        return 0 if self._pool is None else self._pool.busy
 
     @property
     def connections(self) -> int:
@@ -176,20 +166,7 @@ class OTLPHttpReceiver:
             self._runner = None
         for guard in list(self._guards.values()):
             guard.close()
-        if self._pool is not None:
-            pool, self._pool = self._pool, None
-            await asyncio.to_thread(pool.close)
-
-    async def __aenter__(self) -> OTLPHttpReceiver:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.stop()
-
-    def run_in_thread(self) -> ThreadRunner[OTLPHttpReceiver]:
-        """A sync context manager serving on a private loop in a daemon thread."""
-        return ThreadRunner(self)
+        await self._close_pool()
 
     # -- connections ---------------------------------------------------------------------------
     def _admit(self, guard: _Guard, transport: asyncio.BaseTransport) -> bool:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -10,6 +9,7 @@ import numpy as np
 
 from ...analysis import WaterfallSet
 from ...errors import UsageError
+from ...timeline._clock import cristian_offset  # the estimate is the timeline's; named here too
 from .._monitor import ClientHealth
 from .._runner import RunResult
 
@@ -30,22 +30,6 @@ RTT_WARN_S = 0.001
 RTT_WARN_RATIO = 1.5
 _CLOCK_WARN_S = 0.005  # a worker's wall clock off the driver's by more than this (beyond error)
 _SATURATION_RATIO = 0.9  # as the local runner: completions below 90% of arrivals
-
-
-def cristian_offset(samples: list[tuple[int, int, int]]) -> tuple[float, float]:
-    """A remote wall clock's offset from ours, from ``(sent, remote, back)`` epoch-ns triples.
-
-    The remote clock was read somewhere in [sent, back] (Cristian): the offset is ``remote -
-    (sent + back) / 2`` within ± half the round trip. The tightest round trip wins.
-
-    Returns:
-        ``(offset_s, error_s)``; ``(0.0, inf)`` without samples.
-    """
-    offset, error = 0.0, math.inf
-    for sent, remote, back in samples:
-        if (back - sent) / 2e9 < error:
-            offset, error = (remote - (sent + back) / 2) / 1e9, (back - sent) / 2e9
-    return offset, error
 
 
 @dataclass

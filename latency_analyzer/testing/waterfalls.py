@@ -1,4 +1,9 @@
-"""Synthetic waterfalls with exactly known stages, for tests, docs and examples (private).
+"""Synthetic waterfalls with exactly known stages, for tests, docs and examples.
+
+A public test helper, like the servers beside it, but the one module of ``testing`` that
+imports the model (``latency_analyzer.testing`` itself does not import it)::
+
+    from latency_analyzer.testing.waterfalls import ANCHOR, synthetic
 
 ``synthetic(dns=12, connect=3, tls=8, send=0.2, wait=30, first_token=45, gaps=[10] * 15)``
 lays the named stages end to end (milliseconds, path order) and places one token at the end of
