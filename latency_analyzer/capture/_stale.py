@@ -2,16 +2,21 @@
 
 A server may close a connection right after a response that announced keep-alive (llama.cpp's
 ``llama-server`` does so after every stream). Our event loop sees the FIN only when it next
-reads that socket, so a request sent at once can be handed the dead connection. Two defences,
-the ones urllib3, httpcore and Go's net/http use:
+reads that socket, so a request sent at once can be handed the dead connection. Two defences:
+the first as urllib3, httpcore and Go's net/http have it, the second as curl has it.
 
 * at checkout, a pooled connection whose socket is readable while idle (the peer's FIN or
   RST, or bytes no request asked for) is closed unused and the next one is taken; the
   waterfall's ``stale.discarded`` counts them;
-* a request that still fails on a reused connection with a connection error, before any
-  response byte arrived, is sent once more on a new connection when that cannot apply it
-  twice: nothing of it had been handed to the kernel, or its method is idempotent (RFC 9110
-  §9.2.2, RFC 9112 §9.3.1). Never once a response byte arrived.
+* a request that still fails on a reused connection with a connection error (a FIN or RST,
+  not a timeout) before any response byte arrived is sent once more on a new connection, as
+  curl does, whatever its method: the FIN can cross the request on the wire (llama-server's
+  comes a fraction of a millisecond after its last byte, so a request sent at once loses the
+  race now and then), and a server closing an idle keep-alive connection has not read a
+  request arriving on it. A server that did read it and then died without a byte of answer
+  gets it twice: RFC 9112 §9.3.1 allows that only for idempotent methods, so the waterfall
+  says whether request bytes had left (``stale.retry_sent``). Never once a response byte
+  arrived, never twice.
 
 A retry is not hidden. The failed attempt's time stays in ``pool_wait`` (the request was
 still getting a connection it could use): the stage is reopened at the failed attempt's start
@@ -33,10 +38,7 @@ from .._redact import redact_text
 from ..timeline import Recorder
 from ._state import RequestState
 
-__all__ = ["IDEMPOTENT", "note_discarded", "peer_closed", "restart", "retry_allowed"]
-
-#: Methods a server may receive twice without a different outcome (RFC 9110 §9.2.2).
-IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
+__all__ = ["note_discarded", "peer_closed", "restart", "retry_allowed"]
 
 # the connection broke: not a dial that failed, not a timeout, not a certificate mismatch
 _BROKEN = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, ConnectionResetError)
@@ -77,17 +79,14 @@ def _sent(proto: Any) -> bool:
     return wire is None or wire.first_send_ns is not None
 
 
-def retry_allowed(state: RequestState, method: str, exc: BaseException) -> bool:
-    """The request failed on a reused connection before any response byte, and sending it
-    again cannot apply it twice."""
+def retry_allowed(state: RequestState, exc: BaseException) -> bool:
+    """The request broke on a reused connection before any response byte arrived."""
     if not isinstance(exc, _BROKEN) or isinstance(exc, _NOT_BROKEN):
         return False
     rec, proto = state.recorder, state.protocol
     if proto is None or not rec.connection.reused or state.h2_open is not None:
         return False
-    if rec.response_reads or rec.headers_ns is not None or rec.status is not None:
-        return False
-    return method.upper() in IDEMPOTENT or not _sent(proto)
+    return not (rec.response_reads or rec.headers_ns is not None or rec.status is not None)
 
 
 def restart(state: RequestState, exc: BaseException, failed_ns: int) -> None:

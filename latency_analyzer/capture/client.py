@@ -331,7 +331,7 @@ class Client:
                 await self._exchange(state, method, url, json, data, headers, deadline)
             except Exception as exc:  # a broken reused connection, or re-raised as it was
                 failed_at = now_ns()
-                if not retry_allowed(state, method, exc):
+                if not retry_allowed(state, exc):
                     raise
                 restart(state, exc, failed_at)  # once: on a new connection, the attempt kept
                 await self._exchange(state, method, url, json, data, headers, deadline)
