@@ -331,7 +331,7 @@ class Client:
                 await self._exchange(state, method, url, json, data, headers, deadline)
             except Exception as exc:  # a broken reused connection, or re-raised as it was
                 failed_at = now_ns()
-                if not retry_allowed(state, exc):
+                if not retry_allowed(state, exc) or _left(deadline) <= 0:  # 0: no timer at all
                     raise
                 restart(state, exc, failed_at)  # once: on a new connection, the attempt kept
                 await self._exchange(state, method, url, json, data, headers, deadline)
