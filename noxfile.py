@@ -166,7 +166,7 @@ def e2e(session: nox.Session) -> None:
     if engine is None:
         return
     if engine == ["--python-server"]:
-        # a C++ build of llama.cpp inside the wheel: tens of minutes on 2 cores
+        # a C++ build of llama.cpp inside the wheel: slow on 2 cores
         build = {"CMAKE_ARGS": "-DGGML_NATIVE=OFF", "CMAKE_BUILD_PARALLEL_LEVEL": "2"}
         session.install("llama-cpp-python[server]==0.3.36", env=build)
     session.install("gguf==0.19.0")

@@ -170,6 +170,8 @@ def check(index: int, phase: str, raw: la.Waterfall, expect_timings: bool = True
         "reused": wf.connection.reused,
         "stale_discarded": a.get("stale.discarded", 0),
         "stale_retry": a.get("stale.retry_error_type"),
+        "stale_retry_sent": a.get("stale.retry_sent"),
+        "stale_retry_ms": a.get("stale.retry_ms"),
     }
     if wf.error:
         c.failures.append(f"request failed: {wf.error}")
@@ -319,6 +321,7 @@ def summary(checks: list[Check], report: dict[str, Any]) -> None:
         "reused": sum(bool(c.figures.get("reused")) for c in checks),
         "stale_discarded": sum(int(c.figures.get("stale_discarded") or 0) for c in checks),
         "retried": sum(c.figures.get("stale_retry") is not None for c in checks),
+        "retried_after_sending": sum(c.figures.get("stale_retry_sent") is True for c in checks),
     }
     largest = f"{max(ratios):.3f}" if ratios else "-"
     print(
@@ -328,7 +331,8 @@ def summary(checks: list[Check], report: dict[str, Any]) -> None:
     )
     print(
         "connections: {reused} requests on a reused connection, {stale_discarded} closed "
-        "pooled connections found at checkout, {retried} retried".format(**report["connections"])
+        "pooled connections found at checkout, {retried} retried ({retried_after_sending} of "
+        "them after request bytes had left)".format(**report["connections"])
     )
 
 
