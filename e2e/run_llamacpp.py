@@ -167,6 +167,11 @@ def check(index: int, phase: str, raw: la.Waterfall, expect_timings: bool = True
         "timings": timings,
         "placement_uncertainty_ms": _ms(a.get("server.placement_uncertainty_ns")),
         "attribution_ms": {k: v / MS for k, v in att.items()},
+        "reused": wf.connection.reused,
+        "stale_discarded": a.get("stale.discarded", 0),
+        "stale_retry": a.get("stale.retry_error_type"),
+        "stale_retry_sent": a.get("stale.retry_sent"),
+        "stale_retry_ms": a.get("stale.retry_ms"),
     }
     if wf.error:
         c.failures.append(f"request failed: {wf.error}")
@@ -225,9 +230,9 @@ def _ms(ns: object) -> float | None:
 
 async def probe(base: str, args: argparse.Namespace, report: dict[str, Any]) -> list[Check]:
     # llama-server answers "Keep-Alive: timeout=5, max=100" yet closes the connection after a
-    # stream; a request sent on it at once then fails before any response (curl notices the
-    # dead connection and opens a new one). A new connection per request sidesteps that.
-    async with la.Client(base, timeout=120, keepalive=args.python_server) as client:
+    # stream: the client finds the closed connection at checkout (or retries once) and dials
+    # a new one; the summary counts both (``stale.discarded``, ``stale.retry_*``)
+    async with la.Client(base, timeout=120) as client:
         warm = await client.request("/v1/chat/completions", json=body(args.max_tokens))
         report["warmup_e2e_ms"] = warm.e2e * 1e3
         seq = [
@@ -302,6 +307,33 @@ def summary(checks: list[Check], report: dict[str, Any]) -> None:
     }
     print("medians:", json.dumps(report["medians"], indent=1))
     print("metrics mid-burst:", report.get("metrics_mid_burst"))
+    timed = [c for c in checks if c.figures.get("server_sum_ms") is not None]
+    ratios = [c.figures["server_sum_ms"] / c.figures["client_window_ms"] for c in timed]
+    fits = sum(r <= 1 for r in ratios)
+    report["timings"] = {
+        "requests": len(checks),
+        "with_timings": len(timed),
+        "merged": sum(c.figures.get("status") == MERGED for c in checks),
+        "sum_within_window": fits,
+        "largest_sum_over_window": max(ratios) if ratios else None,
+    }
+    report["connections"] = {
+        "reused": sum(bool(c.figures.get("reused")) for c in checks),
+        "stale_discarded": sum(int(c.figures.get("stale_discarded") or 0) for c in checks),
+        "retried": sum(c.figures.get("stale_retry") is not None for c in checks),
+        "retried_after_sending": sum(c.figures.get("stale_retry_sent") is True for c in checks),
+    }
+    largest = f"{max(ratios):.3f}" if ratios else "-"
+    print(
+        f"timings: {len(timed)} of {len(checks)} requests carried them, "
+        f"{report['timings']['merged']} merged, prefill + decode within the client's first "
+        f"request byte to last response byte for {fits} (largest sum / interval {largest})"
+    )
+    print(
+        "connections: {reused} requests on a reused connection, {stale_discarded} closed "
+        "pooled connections found at checkout, {retried} retried ({retried_after_sending} of "
+        "them after request bytes had left)".format(**report["connections"])
+    )
 
 
 async def run(args: argparse.Namespace) -> int:

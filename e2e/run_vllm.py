@@ -221,6 +221,11 @@ def check(index: int, phase: str, wf: la.Waterfall, store: SpanStore) -> Check:
         "uncertainty_ms": _ms(a.get("server.offset_uncertainty_ns")),
         "clamped": bool(a.get("server.offset_clamped", False)),
         "contradicted": a.get("server.contradicted"),
+        "contradicted_by_ms": {
+            k[len("server.contradicted.") : -3]: v / MS
+            for k, v in a.items()
+            if k.startswith("server.contradicted.") and k.endswith("_ns") and isinstance(v, int)
+        },
         "server_ttft_ms": _s_ms(a.get("server.gen_ai.latency.time_to_first_token")),
         "attribution_ms": {k: v * 1e3 for k, v in att.items()},
     }
@@ -529,6 +534,26 @@ def summary(checks: list[Check], report: dict[str, Any]) -> None:
         print(f"load {phase}:", json.dumps(level))
     ends = report.get("burst_ends_ms") or [0.0]
     print(f"burst requests ended {ends[0]:.1f}..{ends[-1]:.1f} ms after the burst began")
+    phases = list(dict.fromkeys(c.phase for c in checks))
+    merged = {
+        p: [c.figures.get("status") == MERGED for c in checks if c.phase == p] for p in phases
+    }
+    report["merged"] = {p: [sum(m), len(m)] for p, m in merged.items()}
+    degraded = [
+        f"{c.phase} #{c.index}: {c.figures['contradicted']} "
+        + ", ".join(f"{k} +{v:.2f} ms" for k, v in c.figures.get("contradicted_by_ms", {}).items())
+        for c in checks
+        if c.figures.get("contradicted")
+    ]
+    report["degraded"] = degraded
+    total = sum(sum(m) for m in merged.values())
+    print(
+        f"merged {total} of {len(checks)} requests ("
+        + ", ".join(f"{p} {sum(m)}/{len(m)}" for p, m in merged.items())
+        + f"); degraded (a server bound contradicted the client, left out): {len(degraded)}"
+    )
+    for line in degraded:
+        print(f"  degraded {line}")
     print(
         f"vLLM ready {report.get('ready_s', 0):.1f} s, RSS {report.get('rss_mb_ready')} MB at "
         f"ready, {report.get('rss_mb_after')} MB after; "

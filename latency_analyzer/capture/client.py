@@ -26,6 +26,7 @@ from ..timeline import ConnectionInfo, Recorder, Waterfall
 from ._consume import ResponseConsumer, note_server_headers
 from ._errors import classify
 from ._redirect import Hop, next_hop, with_chain
+from ._stale import restart, retry_allowed
 from ._state import CURRENT, RequestState, TraceHook, now_ns
 from ._tcpinfo import tcp_info_of
 from .connector import TimedConnector, TimedProtocol
@@ -182,6 +183,10 @@ class Client:
             )
             # default headers go with each request (``sent``), so a redirect can leave them out
             self._session = aiohttp.ClientSession(connector=connector, trust_env=False)
+            # aiohttp resends an idempotent request that broke on a pooled connection, even
+            # after response bytes, on the same recorder: the failed attempt's stages would mix
+            # with the new one's. ``_exchange`` retries instead, by the rules of ._stale.
+            self._session._retry_connection = False
         return self._session
 
     def _url(self, url: str) -> str:
@@ -273,10 +278,11 @@ class Client:
             failed_at = now_ns()
             if state.protocol is not None and not state.protocol.backlog:
                 state.protocol.close_send()  # all bytes had left: the request was sent
-            kind, message = classify(exc, recorder, limit)
+            kind, message = classify(exc, state.recorder, limit)
             state.fail(kind, message, failed_at)
         finally:
             CURRENT.reset(token)
+            recorder = state.recorder  # a new one if the request was retried (._stale)
             if recorder.tcp_end is None and state.protocol is not None:  # failed: if still open
                 recorder.tcp_end = tcp_info_of(state.protocol.transport)
             if state.protocol is not None and state.protocol.state is state:
@@ -330,10 +336,14 @@ class Client:
             dial = _H2Dial(self, state, origin, method, url, json, data, headers)
             state.h2_open, state.h2_prepare = dial.open, dial.prepare
         try:
-            # aiohttp's own timeout (no extra task per request), for the time left, exact
-            # (above ceil_threshold aiohttp rounds a timeout up to the next whole second)
-            timer = aiohttp.ClientTimeout(total=_left(deadline), ceil_threshold=1e9)
-            await self._exchange(state, method, url, json, data, headers, timer)
+            try:
+                await self._exchange(state, method, url, json, data, headers, deadline)
+            except Exception as exc:  # a broken reused connection, or re-raised as it was
+                failed_at = now_ns()
+                if not retry_allowed(state, exc) or _left(deadline) <= 0:  # 0: no timer at all
+                    raise
+                restart(state, exc, failed_at)  # once: on a new connection, the attempt kept
+                await self._exchange(state, method, url, json, data, headers, deadline)
         except HandoffToHTTP2 as handoff:
             dialler = False
             if handoff.conn is None:  # the connector did not open it
@@ -398,9 +408,12 @@ class Client:
         json: Any,
         data: bytes | str | io.BytesIO | None,
         headers: Mapping[str, str] | None,
-        timer: aiohttp.ClientTimeout,
+        deadline: int,
     ) -> None:
         session = self._open()
+        # aiohttp's own timeout (no extra task per request), for the time left, exact
+        # (above ceil_threshold aiohttp rounds a timeout up to the next whole second)
+        timer = aiohttp.ClientTimeout(total=_left(deadline), ceil_threshold=1e9)
         if json is not None:
             data, headers = _json_body(json, headers)
         async with session.request(

@@ -48,6 +48,7 @@ from aiohttp.helpers import is_ip_address
 from aiohttp.tracing import Trace
 
 from ..timeline import ConnectionInfo, TcpInfo, TlsInfo
+from ._stale import note_discarded, peer_closed
 from ._state import CURRENT, RequestState, now_ns
 from ._tcpinfo import tcp_info_of
 from ._wire import StampedSocket, WireStamps, wire_of
@@ -371,6 +372,15 @@ class TimedConnector(TCPConnector):
         if not state.recorder.is_open("pool_wait"):  # else: already waiting on another's dial
             state.begin("pool_wait", now_ns())
         conn = await super().connect(req, traces, timeout)
+        stale = 0
+        # a pooled connection the server closed while idle, its FIN not read yet (._stale):
+        # closed unused, the next one taken; each turn takes one out of the pool
+        while cast(TimedProtocol, conn.protocol).requests_served and peer_closed(conn.protocol):
+            stale += 1
+            conn.close()
+            conn = await super().connect(req, traces, timeout)
+        if stale:
+            note_discarded(state, stale)
         if state.recorder.is_open("pool_wait"):  # reused: no new connection was opened
             state.end("pool_wait", now_ns())
         proto = cast(TimedProtocol, conn.protocol)

@@ -148,6 +148,15 @@ class Recorder:
         ends = [s.end_ns for s in self._spans if s.name == name]
         return ends[-1] if ends else None
 
+    def span_start(self, name: str) -> int | None:
+        """Start of the first closed stage called ``name``."""
+        return next((s.start_ns for s in self._spans if s.name == name), None)
+
+    @property
+    def response_reads(self) -> int:
+        """Reads of response bytes recorded so far (``read``)."""
+        return self._kernel_reads + self._user_reads
+
     # -- reads --
     def read(
         self, kernel_ns: int, user_ns: int, stamped: bool = True, refused: str | None = None
