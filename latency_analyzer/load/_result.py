@@ -12,7 +12,7 @@ from ..analysis import Summary, WaterfallSet
 from ..errors import UsageError
 from ..metrics import MetricSeries
 from ..server.store import SpanStore
-from ._lengths import length_report
+from ._length_report import length_report
 from ._monitor import ClientHealth, LoopMonitor, Pacer
 from ._run_state import RunState
 from ._scenario import Scenario

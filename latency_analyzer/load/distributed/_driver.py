@@ -39,7 +39,8 @@ from ...analysis import Tags, WaterfallSet, fingerprint
 from ...errors import UsageError
 from ...timeline import Waterfall
 from .._checks import request_headers
-from .._lengths import length_report, lengths_for
+from .._length_report import length_report
+from .._lengths import lengths_for
 from .._scenario import Scenario
 from ._results import (
     DistributedResult,
