@@ -11,8 +11,8 @@ import pytest
 from conftest import assert_exact
 
 import latency_analyzer as la
+from latency_analyzer.capture import _h2frames, http2
 from latency_analyzer.capture import client as client_mod
-from latency_analyzer.capture import http2
 from latency_analyzer.testing import H2LLMServer, TestCA
 
 TARGET = ("https", "example.test:443", "/v1/chat/completions")
@@ -20,11 +20,11 @@ FIELDS = [("user-agent", "t"), ("content-type", "application/json"), ("content-l
 
 
 def _encoded_at_hand_over(body: bytes) -> bytes:
-    machine = h2.connection.H2Connection(config=http2._CONFIG)
+    machine = h2.connection.H2Connection(config=_h2frames._CONFIG)
     machine.initiate_connection()
     sid = machine.get_next_available_stream_id()
-    machine.send_headers(sid, http2._request_fields("POST", TARGET, FIELDS), end_stream=False)
-    http2._queue_body(machine, sid, memoryview(body))
+    machine.send_headers(sid, _h2frames._request_fields("POST", TARGET, FIELDS), end_stream=False)
+    _h2frames._queue_body(machine, sid, memoryview(body))
     return machine.data_to_send()
 
 
