@@ -107,32 +107,16 @@ def _append_chunk(obj: dict[str, Any], time_ns: int, events: list[Event]) -> Non
 
 
 def _read_choices(choices: list[Any]) -> tuple[str, str, str | None]:
-    """Content, reasoning and first finish reason over all choices (stream or whole body)."""
-    if len(choices) == 1:  # the usual case, taken once per streamed token: no lists, no joins
-        return _read_choice(choices[0])
-    content: list[str] = []
-    reasoning: list[str] = []
-    finish: str | None = None
-    for choice in choices:
-        if not isinstance(choice, dict):
-            continue
-        # "delta" in a stream chunk, "message" in a whole chat body; "text" for completions.
-        message = choice.get("delta")
-        if not isinstance(message, dict):
-            message = choice.get("message")
-        if isinstance(message, dict):
-            content.append(_str(message.get("content")))
-            reasoning.append(
-                _str(message.get("reasoning_content")) or _str(message.get("reasoning"))
-            )
-        content.append(_str(choice.get("text")))
-        reason = choice.get("finish_reason")
-        if finish is None and isinstance(reason, str):
-            finish = reason
-    return "".join(content), "".join(reasoning), finish
+    """Content, reasoning and first finish reason over all choices (stream or whole body):
+    each choice read as :func:`_read_choice` reads the usual single one."""
+    read = [_read_choice(choice) for choice in choices]
+    finish = next((reason for _, _, reason in read if reason is not None), None)
+    return "".join(c for c, _, _ in read), "".join(r for _, r, _ in read), finish
 
 
 def _read_choice(choice: Any) -> tuple[str, str, str | None]:
+    """One choice's text, reasoning and finish reason: "delta" in a stream chunk, "message"
+    in a whole chat body, "text" for completions; anything not a string reads as nothing."""
     if type(choice) is not dict:
         return "", "", None
     message = choice.get("delta")
@@ -164,10 +148,6 @@ def _empty_token(choices: list[Any]) -> bool:
             if any(isinstance(delta.get(k), str) for k in keys):
                 return True
     return False
-
-
-def _str(value: Any) -> str:
-    return value if isinstance(value, str) else ""
 
 
 def _int_or_none(value: Any) -> int | None:
