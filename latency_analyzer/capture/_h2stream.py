@@ -85,17 +85,6 @@ class H2Streams(H2Base):
         if not self.usable:
             raise ConnectionResetError(f"HTTP/2 connection unusable: {self.closing}")
 
-    async def request(
-        self,
-        state: RequestState,
-        method: str,
-        target: tuple[str, str, str],
-        headers: Sequence[tuple[str, str]],
-        body: bytes,
-    ) -> None:
-        """Run one request stream to its end; marks go to ``state``'s recorder."""
-        await self.run_stream(self.open_stream(state, method, target, headers, body))
-
     def open_stream(
         self,
         state: RequestState,

@@ -179,7 +179,7 @@ class ClientTransport:
             await conn.acquire_slot()
             if rec.is_open("pool_wait"):
                 state.end("pool_wait", now_ns())
-            await conn.request(state, method, target, fields, body)
+            await conn.run_stream(conn.open_stream(state, method, target, fields, body))
             rec.tcp_end = tcp_info_of(conn.transport)
 
         await asyncio.wait_for(run(), _left(deadline))
