@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 import latency_analyzer as la
-from latency_analyzer.capture.connector import _PromptSocket, _socket_factory
+from latency_analyzer.capture._dial import _PromptSocket, _socket_factory
 from latency_analyzer.testing import LLMServer
 
 ADDR = (socket.AF_INET, socket.SOCK_STREAM, 0, "", ("127.0.0.1", 0))
@@ -107,7 +107,7 @@ async def test_the_client_connects_through_it_and_times_the_stage(
 
 def test_without_a_kernel_rtt_sample_the_connect_end_says_userspace() -> None:
     """No handshake, no ``tcpi_rtt``: the end is the instant we had, and it says so."""
-    from latency_analyzer.capture.connector import _handshake_end
+    from latency_analyzer.capture._dial import _handshake_end
 
     sock = _socket_factory(ADDR)
     with sock:
@@ -117,7 +117,7 @@ def test_without_a_kernel_rtt_sample_the_connect_end_says_userspace() -> None:
 
 def test_a_handshake_ends_at_its_start_plus_the_kernels_rtt(listener: socket.socket) -> None:
     """Connected on loopback: the kernel's sample is microseconds, and the end is start + it."""
-    from latency_analyzer.capture.connector import _handshake_end
+    from latency_analyzer.capture._dial import _handshake_end
 
     sock = _socket_factory(ADDR)
     with sock:

@@ -11,8 +11,7 @@ import pytest
 from conftest import assert_exact
 
 import latency_analyzer as la
-from latency_analyzer.capture import client as client_mod
-from latency_analyzer.capture import http2
+from latency_analyzer.capture import _h2frames, _transport, http2
 from latency_analyzer.testing import H2LLMServer, TestCA
 
 TARGET = ("https", "example.test:443", "/v1/chat/completions")
@@ -20,11 +19,11 @@ FIELDS = [("user-agent", "t"), ("content-type", "application/json"), ("content-l
 
 
 def _encoded_at_hand_over(body: bytes) -> bytes:
-    machine = h2.connection.H2Connection(config=http2._CONFIG)
+    machine = h2.connection.H2Connection(config=_h2frames._CONFIG)
     machine.initiate_connection()
     sid = machine.get_next_available_stream_id()
-    machine.send_headers(sid, http2._request_fields("POST", TARGET, FIELDS), end_stream=False)
-    http2._queue_body(machine, sid, memoryview(body))
+    machine.send_headers(sid, _h2frames._request_fields("POST", TARGET, FIELDS), end_stream=False)
+    _h2frames._queue_body(machine, sid, memoryview(body))
     return machine.data_to_send()
 
 
@@ -43,18 +42,18 @@ async def test_a_cold_tls_dial_prepares_before_the_handshake_ends_and_sends_it(
     ca: TestCA, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls: list[str] = []
-    real_prepare, real_open = client_mod._H2Dial.prepare, client_mod._H2Dial.open
+    real_prepare, real_open = _transport._H2Dial.prepare, _transport._H2Dial.open
 
-    def prepare(self: client_mod._H2Dial) -> None:
+    def prepare(self: _transport._H2Dial) -> None:
         real_prepare(self)
         calls.append("prepared" if self.prepared is not None else "not prepared")
 
-    def open_(self: client_mod._H2Dial, handoff: http2.HandoffToHTTP2) -> None:
+    def open_(self: _transport._H2Dial, handoff: http2.HandoffToHTTP2) -> None:
         calls.append("open with prepared" if self.prepared is not None else "open")
         real_open(self, handoff)
 
-    monkeypatch.setattr(client_mod._H2Dial, "prepare", prepare)
-    monkeypatch.setattr(client_mod._H2Dial, "open", open_)
+    monkeypatch.setattr(_transport._H2Dial, "prepare", prepare)
+    monkeypatch.setattr(_transport._H2Dial, "open", open_)
     server = H2LLMServer(ssl=ca.server_context(alpn=("h2",)), tokens=3)
     async with server, la.Client(server.url, ssl=ca.client_context(), http2=True) as client:
         wf = await client.request("/v1/chat/completions", json={"stream": True, "messages": []})
@@ -68,7 +67,7 @@ async def test_a_cold_tls_dial_prepares_before_the_handshake_ends_and_sends_it(
 def test_a_request_h2_cannot_encode_is_left_to_the_hand_over() -> None:
     """A header h2 refuses (a connection-specific one with a bad value) is not prepared:
     the hand-over encodes it again and raises where the caller sees the failure."""
-    dial = client_mod._H2Dial(
+    dial = _transport._H2Dial(
         la.Client(),  # never opened: prepare only reads its default headers
         None,  # type: ignore[arg-type]  # prepare does not touch the request state
         "https://example.test:443",

@@ -12,17 +12,33 @@ TGI and the like::
 
 Nothing here raises on bad input from the server: it becomes a ``MalformedChunk`` or
 ``ErrorReceived`` event and parsing goes on.
+
+This module reads the stream (SSE events, JSON decoding, ``[DONE]``) and whole bodies; what a
+decoded object carries (choices' text, usage counts, timings, errors) is read in
+:mod:`._openai_chunk`, and the event types are defined in :mod:`._openai_events`.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import Any
 
 from latency_analyzer._redact import redact_text
 from latency_analyzer.capture.sse import SSEParser
+
+from ._openai_chunk import _append_chunk, _append_error
+from ._openai_events import TIMINGS_FIELDS as TIMINGS_FIELDS
+from ._openai_events import (
+    ChunkReceived,
+    ErrorReceived,
+    Event,
+    MalformedChunk,
+    StreamDone,
+    StreamTruncated,
+    TimingsReceived,
+    UsageReceived,
+)
 
 __all__ = [
     "ChunkReceived",
@@ -57,115 +73,6 @@ def _fastest_loads() -> Callable[[str | bytes], Any]:
 
 _loads = _fastest_loads()
 _MAX_TEXT_MESSAGE = 200  # characters of a non-JSON error body worth showing to a person
-
-
-@dataclass(frozen=True, slots=True)
-class ChunkReceived:
-    """A JSON chunk with at least one choice.
-
-    Attributes:
-        content: the text of all choices (``delta.content``, ``message.content`` or ``text``).
-        reasoning: the reasoning text of all choices (``reasoning_content`` or ``reasoning``).
-        finish_reason: the first non-null ``finish_reason`` among the choices.
-        completion_tokens: ``usage.completion_tokens`` when the chunk carries usage beside its
-            choices (vLLM ``continuous_usage_stats``; a non-streaming body), else None.
-        empty_token: no text, but a choice holds a ``content``/``text`` string outside a role
-            announcement: a token whose text is empty (a byte-level model's partial UTF-8
-            piece). vLLM's opening ``{"role": "assistant", "content": ""}`` is not one.
-    """
-
-    time_ns: int
-    content: str
-    reasoning: str
-    finish_reason: str | None
-    completion_tokens: int | None
-    empty_token: bool = False
-
-    @property
-    def carries_token(self) -> bool:
-        """False for a role-only chunk or an empty-delta finish chunk: no token arrived."""
-        return bool(self.content or self.reasoning)
-
-
-@dataclass(frozen=True, slots=True)
-class UsageReceived:
-    """A non-null ``usage`` object (vLLM's final ``choices: []`` chunk, or beside choices)."""
-
-    time_ns: int
-    prompt_tokens: int | None
-    completion_tokens: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class TimingsReceived:
-    """llama.cpp server's ``timings`` object (on its last chunk, or a whole body): the
-    server's own prompt and generation times in ms, and token counts. Only numeric fields of
-    ``TIMINGS_FIELDS`` are kept."""
-
-    time_ns: int
-    values: dict[str, float]
-
-
-#: The ``timings`` fields kept (llama.cpp server): counts and milliseconds.
-TIMINGS_FIELDS = frozenset(
-    {
-        "cache_n",
-        "prompt_n",
-        "prompt_ms",
-        "prompt_per_token_ms",
-        "prompt_per_second",
-        "predicted_n",
-        "predicted_ms",
-        "predicted_per_token_ms",
-        "predicted_per_second",
-        "draft_n",
-        "draft_n_accepted",
-    }
-)
-
-
-@dataclass(frozen=True, slots=True)
-class StreamDone:
-    """The ``data: [DONE]`` sentinel."""
-
-    time_ns: int
-
-
-@dataclass(frozen=True, slots=True)
-class ErrorReceived:
-    """An error object: ``{"error": {...}}`` (OpenAI) or ``{"object": "error", ...}`` (vLLM)."""
-
-    time_ns: int
-    message: str
-    code: str | int | None
-
-
-@dataclass(frozen=True, slots=True)
-class MalformedChunk:
-    """Event data that is not JSON, or JSON that is not an object; ``raw`` is the data."""
-
-    time_ns: int
-    raw: str
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class StreamTruncated:
-    """The stream closed before ``[DONE]``."""
-
-    time_ns: int
-    reason: str
-
-
-Event: TypeAlias = (
-    ChunkReceived
-    | UsageReceived
-    | StreamDone
-    | ErrorReceived
-    | MalformedChunk
-    | StreamTruncated
-    | TimingsReceived
-)
 
 
 class OpenAIStreamParser:
@@ -297,162 +204,6 @@ def _load_object(raw: str | bytes, time_ns: int, events: list[Event]) -> dict[st
     text = raw if isinstance(raw, str) else raw.decode("utf-8", "replace")
     events.append(MalformedChunk(time_ns, text, reason))
     return None
-
-
-def _append_error(obj: dict[str, Any], time_ns: int, events: list[Event]) -> bool:
-    """Append an ``ErrorReceived`` when ``obj`` is an error object; tell whether it was."""
-    error = obj.get("error")
-    if error is not None:
-        source = error if isinstance(error, dict) else {"message": error}
-    elif obj.get("object") == "error":
-        source = obj
-    else:
-        return False
-    message = source.get("message")
-    code = source.get("code")
-    events.append(
-        ErrorReceived(
-            time_ns,
-            message=message if isinstance(message, str) else json.dumps(error or obj),
-            code=code if isinstance(code, (str, int)) and not isinstance(code, bool) else None,
-        )
-    )
-    return True
-
-
-_set_time, _set_content, _set_reasoning, _set_finish, _set_completion, _set_empty = (
-    ChunkReceived.__dict__[name].__set__
-    for name in (
-        "time_ns",
-        "content",
-        "reasoning",
-        "finish_reason",
-        "completion_tokens",
-        "empty_token",
-    )
-)
-
-
-def _chunk_received(
-    time_ns: int,
-    content: str,
-    reasoning: str,
-    finish: str | None,
-    completion: int | None,
-    empty: bool,
-) -> ChunkReceived:
-    """``ChunkReceived(...)`` with its slots set directly: one is built per streamed token, and
-    the frozen dataclass's ``__init__`` sets each field through ``object.__setattr__``."""
-    chunk: ChunkReceived = object.__new__(ChunkReceived)
-    _set_time(chunk, time_ns)
-    _set_content(chunk, content)
-    _set_reasoning(chunk, reasoning)
-    _set_finish(chunk, finish)
-    _set_completion(chunk, completion)
-    _set_empty(chunk, empty)
-    return chunk
-
-
-def _append_chunk(obj: dict[str, Any], time_ns: int, events: list[Event]) -> None:
-    """Append a ``ChunkReceived`` for a chunk with choices, then a ``UsageReceived`` for usage."""
-    usage = obj.get("usage")
-    if usage is not None and type(usage) is not dict:  # parsed JSON: no dict subclasses
-        usage = None
-    choices = obj.get("choices")
-    if type(choices) is list and choices:
-        content, reasoning, finish = (
-            _read_choice(choices[0]) if len(choices) == 1 else _read_choices(choices)
-        )
-        completion = _int_or_none(usage.get("completion_tokens")) if usage else None
-        empty = not content and not reasoning and _empty_token(choices)
-        events.append(_chunk_received(time_ns, content, reasoning, finish, completion, empty))
-    if usage is not None:
-        events.append(
-            UsageReceived(
-                time_ns,
-                prompt_tokens=_int_or_none(usage.get("prompt_tokens")),
-                completion_tokens=_int_or_none(usage.get("completion_tokens")),
-            )
-        )
-    timings = obj.get("timings")
-    if timings is not None and type(timings) is dict:
-        values = {
-            k: float(v)
-            for k, v in timings.items()
-            if k in TIMINGS_FIELDS and isinstance(v, (int, float)) and not isinstance(v, bool)
-        }
-        if values:
-            events.append(TimingsReceived(time_ns, values))
-
-
-def _read_choices(choices: list[Any]) -> tuple[str, str, str | None]:
-    """Content, reasoning and first finish reason over all choices (stream or whole body)."""
-    if len(choices) == 1:  # the usual case, taken once per streamed token: no lists, no joins
-        return _read_choice(choices[0])
-    content: list[str] = []
-    reasoning: list[str] = []
-    finish: str | None = None
-    for choice in choices:
-        if not isinstance(choice, dict):
-            continue
-        # "delta" in a stream chunk, "message" in a whole chat body; "text" for completions.
-        message = choice.get("delta")
-        if not isinstance(message, dict):
-            message = choice.get("message")
-        if isinstance(message, dict):
-            content.append(_str(message.get("content")))
-            reasoning.append(
-                _str(message.get("reasoning_content")) or _str(message.get("reasoning"))
-            )
-        content.append(_str(choice.get("text")))
-        reason = choice.get("finish_reason")
-        if finish is None and isinstance(reason, str):
-            finish = reason
-    return "".join(content), "".join(reasoning), finish
-
-
-def _read_choice(choice: Any) -> tuple[str, str, str | None]:
-    if type(choice) is not dict:
-        return "", "", None
-    message = choice.get("delta")
-    if type(message) is not dict:
-        message = choice.get("message")
-    content = reasoning = ""
-    if type(message) is dict:
-        value = message.get("content")
-        content = value if type(value) is str else ""
-        value = message.get("reasoning_content") or message.get("reasoning")
-        reasoning = value if type(value) is str else ""
-    text = choice.get("text")  # completions
-    if type(text) is str:
-        content += text
-    reason = choice.get("finish_reason")
-    return content, reasoning, reason if type(reason) is str else None
-
-
-def _empty_token(choices: list[Any]) -> bool:
-    """A choice holds a text field (empty) that is not a role announcement's."""
-    for choice in choices:
-        if not isinstance(choice, dict):
-            continue
-        if isinstance(choice.get("text"), str):
-            return True
-        delta = choice.get("delta")
-        if isinstance(delta, dict) and "role" not in delta:
-            keys = ("content", "reasoning_content", "reasoning")
-            if any(isinstance(delta.get(k), str) for k in keys):
-                return True
-    return False
-
-
-def _str(value: Any) -> str:
-    return value if isinstance(value, str) else ""
-
-
-def _int_or_none(value: Any) -> int | None:
-    if isinstance(value, float) and abs(value) >= 2**63 and value.is_integer():
-        return int(value)  # orjson reads an integer beyond 64 bits as a float; json as an int
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _json_error_message(obj: dict[str, Any]) -> str | None:

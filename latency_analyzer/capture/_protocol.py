@@ -1,0 +1,221 @@
+"""The protocol aiohttp reads responses with, stamping request writes and response bytes.
+
+``send`` runs from the first send syscall that handed the kernel request bytes to the one
+that left nothing buffered; response headers and body bytes carry the kernel's receive stamp
+of the read that brought them, body bytes by offset (see :mod:`.connector`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Callable, Iterator
+from typing import Any, cast
+
+from aiohttp import ClientPayloadError
+from aiohttp.client_proto import ResponseHandler
+
+from ..timeline import TcpInfo, TlsInfo
+from ._state import RequestState, now_ns
+from ._wire import WireStamps, wire_of
+from .http2 import HandoffToHTTP2
+
+__all__ = ["TimedProtocol"]
+
+_connection_ids = itertools.count(1)
+
+
+class _TimedTransport:
+    """Delegates to the real transport; notes when request bytes are written."""
+
+    __slots__ = ("_proto", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, proto: TimedProtocol) -> None:
+        self._transport = transport
+        self._proto = proto
+
+    def write(self, data: Any) -> None:
+        before = now_ns()
+        self._transport.write(data)
+        self._proto.after_write(before, self._transport.get_write_buffer_size())
+
+    def writelines(self, chunks: Any) -> None:
+        before = now_ns()
+        self._transport.writelines(chunks)
+        self._proto.after_write(before, self._transport.get_write_buffer_size())
+
+    # aiohttp calls these on every read or release: direct methods, not __getattr__ lookups
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def pause_reading(self) -> None:
+        self._transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        self._transport.resume_reading()
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self._transport.get_extra_info(name, default)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+class TimedProtocol(ResponseHandler):
+    """aiohttp's response protocol, stamping request writes and response bytes."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop)
+        self.connection_id = next(_connection_ids)
+        self.requests_served = 0
+        self.made_ns: int | None = None
+        self.made_user_ns: int | None = None
+        self.state: RequestState | None = None
+        # Bytes that came before the first request was attached: an HTTP/2 server's SETTINGS
+        # may arrive with the end of the TLS handshake, before the hand-over to HTTP/2.
+        self.early: list[tuple[bytes, int]] | None = []
+        self.tls: TlsInfo | None = None  # what the handshake settled, for every request it carries
+        self.tcp_connect: TcpInfo | None = None  # the kernel's TCP_INFO once set up
+        self.wire: WireStamps | None = None  # the socket's read and send stamps
+        self.last_write_ns = 0
+        self.backlog = False
+        self._marks: list[tuple[int, int]] = []  # (body bytes received so far, arrival ns)
+        self._marked_payload: object = None
+        # HTTP/2 hand-over at connection_made (the handshake's end), before asyncio and
+        # aiohttp return the connection to the connector: the request leaves ~0.4 ms sooner
+        self.on_made: Callable[[TimedProtocol, asyncio.Transport], None] | None = None
+        self.handoff: HandoffToHTTP2 | BaseException | None = None
+
+    # -- connection --
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.wire = wire = wire_of(transport)
+        self.made_user_ns = now_ns()
+        # over TLS, the read whose callback completed the handshake is the last one
+        stamped = wire is not None and wire.read_user_ns
+        self.made_ns = wire.read_kernel_ns if wire is not None and stamped else self.made_user_ns
+        if self.on_made is not None:  # HTTP/2: its first flight leaves before our bookkeeping
+            self.on_made(self, cast(asyncio.Transport, transport))
+        super().connection_made(transport)
+        transport = cast(asyncio.Transport, transport)
+        # pause_writing as soon as a byte stays buffered, resume_writing when all left: the
+        # edges of a send backlog. (high=0 would make asyncio's TLS transport pause while
+        # empty and resume only on the next received record.)
+        transport.set_write_buffer_limits(high=1, low=0)
+        self.transport = cast(asyncio.Transport, _TimedTransport(transport, self))
+
+    def attach(self, state: RequestState) -> None:
+        """Pin the request now using this connection (protocol callbacks cannot see ContextVars)."""
+        self.state = state
+        # the previous response's payload may be aiohttp's shared empty one (HEAD, 204),
+        # which the next bodiless response reuses: forget it, so new headers are seen as new
+        self._payload = None
+        early, self.early = self.early, None
+        for data, _ in early or ():  # an HTTP/1.1 server that spoke first: let aiohttp judge
+            super().data_received(data)
+        self.last_write_ns = 0
+        self.backlog = False
+        self._marks = []
+        self._marked_payload = None
+        if self.wire is not None:
+            self.wire.mark_request()
+
+    def detach(self) -> None:
+        self.state = None
+        self.requests_served += 1
+
+    # -- request bytes --
+    def after_write(self, before_ns: int, buffered: int) -> None:
+        """A request write returned; ``before_ns`` was read just before it was made."""
+        state, wire = self.state, self.wire
+        rec = state.recorder if state is not None else None
+        if (
+            state is not None
+            and rec is not None
+            and not rec.has("send")
+            and not rec.is_open("send")
+        ):
+            first = wire.first_send_ns if wire is not None else None
+            state.begin("send", before_ns if first is None else first)
+        self.backlog = buffered > 0
+        self.last_write_ns = _sent_ns(wire)
+
+    def resume_writing(self) -> None:
+        if self.backlog:  # the last request bytes just left our buffer
+            wire = self.wire
+            self.last_write_ns = _sent_ns(wire)
+            self.backlog = False
+        super().resume_writing()
+
+    def close_send(self) -> None:
+        """End ``send`` at the last write that left nothing buffered (called at headers)."""
+        state = self.state
+        if state is not None and state.recorder.is_open("send"):
+            state.end("send", self.last_write_ns or now_ns(), backlog_at_headers=self.backlog)
+
+    # -- response bytes --
+    def data_received(self, data: bytes) -> None:
+        wire = self.wire
+        t = wire.read_kernel_ns if wire is not None and wire.read_user_ns else now_ns()
+        state = self.state
+        if state is None:
+            if self.early is not None:  # before the first request: only HTTP/2 talks first
+                self.early.append((data, t))
+            else:
+                super().data_received(data)
+            return
+        if wire is not None and data:  # b"": aiohttp resuming its parser, not a read
+            state.recorder.read(t, wire.read_user_ns, wire.read_stamped, wire.refused)
+        before = self._payload
+        super().data_received(data)
+        # a response that ended in this read on a connection that closes after it has had
+        # its payload dropped already (aiohttp's close()): its last bytes still need a mark
+        payload = self._payload if self._payload is not None else before
+        if payload is None:
+            return
+        if payload is not before and state.recorder.headers_ns is None:
+            self.close_send()
+            state.recorder.response_headers(t)
+        if payload is not self._marked_payload:
+            self._marked_payload, self._marks = payload, []
+        received = payload.total_bytes
+        if not self._marks or received > self._marks[-1][0]:
+            self._marks.append((received, t))
+        if state.body_end_ns is None and payload.is_eof():
+            state.body_end_ns = t
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        # A body without length framing is read until the connection ends, and aiohttp ends it
+        # as complete however the connection went: an RST would record a cut body as a success.
+        payload = self._payload
+        if exc is not None and payload is not None and not payload.is_eof():
+            cut = ClientPayloadError(f"connection lost before the body ended: {exc!r}")
+            payload.set_exception(cut, exc)
+        super().connection_lost(exc)
+
+    def arrivals(self, offset: int, data: bytes) -> Iterator[tuple[bytes, int]]:
+        """Split body bytes read at ``offset`` into pieces with the time each piece arrived."""
+        end, pos = offset + len(data), offset
+        for received, t in self._marks:
+            if received <= pos:
+                continue
+            cut = min(received, end)
+            yield data[pos - offset : cut - offset], t
+            pos = cut
+            if pos >= end:
+                return
+        if pos < end:  # bytes no data_received stamped (cannot happen): the read time is next best
+            yield data[pos - offset :], now_ns()
+
+    def forget_marks_before(self, offset: int) -> None:
+        """Drop marks fully consumed, so a long stream keeps the list short."""
+        keep = 0
+        while keep < len(self._marks) - 1 and self._marks[keep][0] <= offset:
+            keep += 1
+        if keep:
+            del self._marks[:keep]
+
+
+def _sent_ns(wire: WireStamps | None) -> int:
+    """Entry of the latest send syscall: the kernel holds the bytes from there on (its return
+    can be late by however long we were descheduled inside it)."""
+    return wire.send_start_ns if wire is not None and wire.send_start_ns else now_ns()
