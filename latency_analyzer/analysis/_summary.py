@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ._columns import COUNT_METRICS
-from ._stats import PERCENTILES, Estimate
+from ._stats import PERCENTILES, Estimate, mean_ci, percentiles_ci
 
 if TYPE_CHECKING:
     from ._set import WaterfallSet
@@ -66,9 +66,10 @@ class Summary:
     ) -> Summary:
         rows = []
         for name in names or ws.metric_names():
-            vals = ws.values(name)
-            pct = ws.percentiles(name, ps, confidence=confidence, seed=seed)
-            mean = ws.mean(name, confidence=confidence, seed=seed)
+            vals = ws.values(name)  # once: what ws.percentiles and ws.mean would each select
+            est = percentiles_ci(vals, ps, confidence=confidence, seed=seed)
+            pct = {f"p{p:g}": e for p, e in est.items()}
+            mean = mean_ci(vals, confidence=confidence, seed=seed)
             unit = "tokens" if name in COUNT_METRICS else "s"
             rows.append(Row(name, unit, int(vals.size), mean, pct))
         notes = []
