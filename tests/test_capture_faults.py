@@ -268,7 +268,7 @@ async def test_bodiless_responses_on_a_reused_connection_keep_their_wait() -> No
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]  # a started site has a server
     try:
         async with la.Client(f"http://127.0.0.1:{port}") as client:
             wfs = [await client.request("/", method="HEAD") for _ in range(3)]

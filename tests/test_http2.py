@@ -408,10 +408,10 @@ async def test_a_cancelled_slot_waiter_passes_its_wake_up_on() -> None:
     from latency_analyzer.capture.http2 import H2Connection
 
     class OneSlot(H2Connection):
-        max_streams = 1  # type: ignore[assignment]
+        max_streams = 1  # type: ignore[assignment]  # a property in the base class, a constant here
 
     conn = OneSlot(_StubTransport(), None, None)
-    conn._streams[1] = object()  # type: ignore[assignment]
+    conn._streams[1] = object()  # type: ignore[assignment]  # a stand-in: only the count of streams matters
     first = asyncio.create_task(conn.acquire_slot())
     second = asyncio.create_task(conn.acquire_slot())
     await asyncio.sleep(0)

@@ -126,4 +126,4 @@ def test_cli_run_with_workers_writes_one_merged_file(
     assert status == 0, capsys.readouterr().err
     rows = _rows(out)
     assert len(rows) == 12
-    assert {row["tags"]["worker"] for row in rows} == {0, 1}  # type: ignore[index]
+    assert {row["tags"]["worker"] for row in rows} == {0, 1}  # type: ignore[index]  # parsed JSON, typed as object

@@ -238,9 +238,9 @@ def test_exports_speedscope_and_collapsed_per_stage(tmp_path: Path) -> None:
     ]
     doc = speedscope([profile])
     assert doc["$schema"] == "https://www.speedscope.app/file-format-schema.json"
-    (prof,) = doc["profiles"]  # type: ignore[misc]
+    (prof,) = doc["profiles"]  # type: ignore[misc]  # the document's values are typed as object
     assert prof["type"] == "sampled" and prof["weights"] == [20_000, 10_000]
-    frames = doc["shared"]["frames"]  # type: ignore[index]
+    frames = doc["shared"]["frames"]  # type: ignore[index]  # the document's values are typed as object
     assert [frames[i]["name"] for i in prof["samples"][1]] == ["main", "work"]
     files = export_stages([profile], tmp_path / "flame", fmt="collapsed")
     assert [f.name for f in files] == ["decode.collapsed"]
