@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from conftest import chat_body
 
 import latency_analyzer as la
 from latency_analyzer.cli import main
@@ -33,18 +34,7 @@ HEADER_DELAY, PREFILL, DECODE, TOKENS = 0.010, 0.030, 0.005, 8
 SLACK = 0.003  # seconds: server thread and client share one GIL
 DESIGN_KEYS = {"e2e_s", "ttft_s", "tpot_s", "output_tokens", "http_version", "stages", "error"}
 CHAT = "/v1/chat/completions"
-
-
-def _body(**testbed: object) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "model": "m",
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        "messages": [{"role": "user", "content": "where did the time go"}],
-    }
-    if testbed:
-        body["testbed"] = testbed
-    return body
+LLM_KNOBS = {"header_delay": HEADER_DELAY, "prefill": PREFILL, "decode": DECODE, "tokens": TOKENS}
 
 
 def _one_json(out: str) -> dict[str, Any]:
@@ -70,13 +60,6 @@ def _closed_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def llm() -> Iterator[SubprocessLLMServer]:
-    server = LLMServer(header_delay=HEADER_DELAY, prefill=PREFILL, decode=DECODE, tokens=TOKENS)
-    with server.run_in_subprocess() as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
 def tls_llm(ca: TestCA) -> Iterator[LLMServer]:
     with LLMServer(ssl=ca.server_context(), tokens=4).run_in_thread() as s:
         yield s
@@ -88,7 +71,7 @@ def tls_llm(ca: TestCA) -> Iterator[LLMServer]:
 def test_probe_json_is_one_object_with_the_design_keys(
     llm: SubprocessLLMServer, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    status = main(["probe", llm.url + CHAT, "--json", "-d", json.dumps(_body())])
+    status = main(["probe", llm.url + CHAT, "--json", "-d", json.dumps(chat_body())])
     out, err = capsys.readouterr()
     assert status == 0, err
     obj = _one_json(out)
@@ -105,7 +88,7 @@ def test_probe_json_stages_recover_the_injected_delays(
 ) -> None:
     runs = []
     for _ in range(3):  # the median of three keeps one descheduled run from failing the test
-        assert main(["probe", llm.url + CHAT, "--json", "-d", json.dumps(_body())]) == 0
+        assert main(["probe", llm.url + CHAT, "--json", "-d", json.dumps(chat_body())]) == 0
         runs.append(_one_json(capsys.readouterr().out))
     for obj in runs:
         stages = obj["stages"]
@@ -128,7 +111,10 @@ def test_body_from_file_reaches_the_server(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     body_file = tmp_path / "body.json"
-    body_file.write_text(json.dumps({**_body(), "max_tokens": 5}), encoding="utf-8")
+    body_file.write_text(
+        json.dumps({**chat_body(content="where did the time go"), "max_tokens": 5}),
+        encoding="utf-8",
+    )
     with LLMServer(tokens=16).run_in_thread() as server:
         status = main(["probe", server.url + CHAT, "--json", "-d", f"@{body_file}"])
         obj = _one_json(capsys.readouterr().out)
@@ -163,7 +149,7 @@ def test_method_defaults_to_get_without_a_body_and_x_overrides_it(
 def test_text_waterfall_lists_stages_and_e2e(
     llm: SubprocessLLMServer, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["probe", llm.url + CHAT, "-d", json.dumps(_body())]) == 0
+    assert main(["probe", llm.url + CHAT, "-d", json.dumps(chat_body())]) == 0
     out, err = capsys.readouterr()
     assert err == ""
     assert "\x1b[" not in out  # capsys is not a terminal: no colour
@@ -183,7 +169,7 @@ def test_text_waterfall_lists_stages_and_e2e(
 
 def test_connection_refused_exits_1_with_error(capsys: pytest.CaptureFixture[str]) -> None:
     url = f"http://127.0.0.1:{_closed_port()}{CHAT}"
-    assert main(["probe", url, "--json", "-d", json.dumps(_body())]) == 1
+    assert main(["probe", url, "--json", "-d", json.dumps(chat_body())]) == 1
     obj = _one_json(capsys.readouterr().out)
     _check_design_contract(obj)
     assert obj["error_type"] == "connect"
@@ -202,7 +188,7 @@ def test_connection_refused_text_says_error(capsys: pytest.CaptureFixture[str]) 
 def test_http_error_status_exits_1_with_error(
     llm: SubprocessLLMServer, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    body = json.dumps(_body(fault="http_error"))
+    body = json.dumps(chat_body(fault="http_error"))
     assert main(["probe", llm.url + CHAT, "--json", "-d", body]) == 1
     obj = _one_json(capsys.readouterr().out)
     _check_design_contract(obj)
@@ -286,7 +272,7 @@ def test_cacert_trusts_the_test_ca(
 ) -> None:
     pem = ca.ca_pem_path(tmp_path)
     url = f"https://localhost:{tls_llm.port}{CHAT}"
-    assert main(["probe", url, "--json", "--cacert", str(pem), "-d", json.dumps(_body())]) == 0
+    assert main(["probe", url, "--json", "--cacert", str(pem), "-d", json.dumps(chat_body())]) == 0
     obj = _one_json(capsys.readouterr().out)
     _check_design_contract(obj)
     assert obj["error"] is None
@@ -299,7 +285,7 @@ def test_cacert_trusts_the_test_ca(
 def test_without_cacert_the_test_ca_is_not_trusted(
     tls_llm: SubprocessLLMServer, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["probe", tls_llm.url + CHAT, "--json", "-d", json.dumps(_body())]) == 1
+    assert main(["probe", tls_llm.url + CHAT, "--json", "-d", json.dumps(chat_body())]) == 1
     obj = _one_json(capsys.readouterr().out)
     _check_design_contract(obj)
     assert obj["error_type"] == "tls"
@@ -311,7 +297,7 @@ def test_without_cacert_the_test_ca_is_not_trusted(
 def test_insecure_skips_verification(
     tls_llm: SubprocessLLMServer, flag: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["probe", tls_llm.url + CHAT, "--json", flag, "-d", json.dumps(_body())]) == 0
+    assert main(["probe", tls_llm.url + CHAT, "--json", flag, "-d", json.dumps(chat_body())]) == 0
     obj = _one_json(capsys.readouterr().out)
     _check_design_contract(obj)
     assert obj["error"] is None
@@ -325,7 +311,7 @@ def test_insecure_skips_verification(
 def test_probe_as_a_subprocess(llm: SubprocessLLMServer) -> None:
     cmd = [sys.executable, "-m", "latency_analyzer.cli", "probe", llm.url + CHAT, "--json"]
     done = subprocess.run(
-        [*cmd, "-d", json.dumps(_body()), "-H", "X-Trace: cli-test"],
+        [*cmd, "-d", json.dumps(chat_body()), "-H", "X-Trace: cli-test"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -455,7 +441,7 @@ def _assert_no_secret(text: str) -> None:
 def test_secrets_never_reach_cli_output(capsys: pytest.CaptureFixture[str]) -> None:
     with _header_recorder() as (base, seen):
         url = f"{base}{CHAT}?{SECRET_QUERY}&model=m"
-        body = json.dumps(_body())
+        body = json.dumps(chat_body())
         assert main(["probe", url, "--json", "-d", body, *_secret_args()]) == 0
         json_out, json_err = capsys.readouterr()
         assert main(["probe", url, "-d", body, *_secret_args()]) == 0
@@ -496,7 +482,7 @@ def test_redaction_keeps_the_other_query_parameters(capsys: pytest.CaptureFixtur
 
 def test_secrets_never_reach_waterfall_repr_or_summary() -> None:
     with _header_recorder() as (base, seen):
-        wf = la.probe(f"{base}{CHAT}?{SECRET_QUERY}", json=_body(), headers=SECRET_HEADERS)
+        wf = la.probe(f"{base}{CHAT}?{SECRET_QUERY}", json=chat_body(), headers=SECRET_HEADERS)
     assert seen.headers[0]["Authorization"] == SECRET_HEADERS["Authorization"]
     assert wf.ok, wf.error
     for text in (repr(wf), str(wf.summary()), json.dumps(wf.summary()), str(wf.root)):
@@ -518,7 +504,7 @@ def test_secrets_never_reach_output_of_failed_requests(
 def test_url_userinfo_is_not_recorded(capsys: pytest.CaptureFixture[str]) -> None:
     with _header_recorder() as (base, seen):
         url = base.replace("http://", "http://user:PLANTED-PW@") + CHAT
-        assert main(["probe", url, "--json", "-d", json.dumps(_body())]) == 0
+        assert main(["probe", url, "--json", "-d", json.dumps(chat_body())]) == 0
     assert seen.headers[0]["Authorization"].startswith("Basic ")  # the credentials were sent
     out, err = capsys.readouterr()
     _assert_no_secret(out + err)

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import assert_exact, tolerance
+from conftest import assert_exact, chat_body, tolerance
 from handshakes import during, handshakes
 
 import latency_analyzer as la
@@ -27,16 +27,6 @@ from latency_analyzer.testing.tcpdump import TcpDump
 
 HEADER_DELAY, PREFILL, DECODE, TOKENS = 0.020, 0.040, 0.005, 20
 LOOPBACK_NS = 500_000  # a packet's capture stamp to its receive stamp on lo, with room
-
-
-def _body(**testbed: object) -> dict[str, object]:
-    return {
-        "model": "m",
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        "messages": [{"role": "user", "content": "hi"}],
-        "testbed": testbed,
-    }
 
 
 def _median(wfs: list[la.Waterfall], stage: str) -> float:
@@ -60,13 +50,13 @@ def h2_tls(server_pem: Path) -> Iterator[SubprocessH2LLMServer]:
 async def test_alpn_h2_and_injected_delays(h2_tls: SubprocessH2LLMServer, ca: TestCA) -> None:
     async with la.Client(h2_tls.url, ssl=ca.client_context()) as client:
         wfs = [
-            _check(await client.request("/v1/chat/completions", json=_body(tokens=TOKENS)))
+            _check(await client.request("/v1/chat/completions", json=chat_body(tokens=TOKENS)))
             for _ in range(20)
         ]
         # the same requests without the header delay: what wait is made of besides it (the
         # server's own request handling, ~0.3-0.6 ms for this pure-Python h2 server)
         base = [
-            _check(await client.request("/v1/chat/completions", json=_body(header_delay=0.0)))
+            _check(await client.request("/v1/chat/completions", json=chat_body(header_delay=0.0)))
             for _ in range(20)
         ]
     first, rest = wfs[0], wfs[1:]
@@ -100,7 +90,7 @@ async def test_closing_the_client_releases_its_http2_tls_sockets(
     so no socket outlives the client (a loop ended right after would leak it)."""
     before = _open_sockets()
     async with la.Client(h2_tls.url, ssl=ca.client_context()) as client:
-        wf = await client.request("/v1/chat/completions", json=_body())
+        wf = await client.request("/v1/chat/completions", json=chat_body())
         assert _check(wf).http_version == "2"
         assert len(_open_sockets() - before) == 1
     assert _open_sockets() - before == set()
@@ -113,7 +103,7 @@ async def test_a_cancelled_close_still_closes_everything(
     and the HTTP/2 connection aborted, not left half closed."""
     before = _open_sockets()
     client = la.Client(h2_tls.url, ssl=ca.client_context())
-    assert _check(await client.request("/v1/chat/completions", json=_body())).ok
+    assert _check(await client.request("/v1/chat/completions", json=chat_body())).ok
     closing = asyncio.ensure_future(client.close())
     await asyncio.sleep(0)  # close() is now waiting for the peer's close_notify
     closing.cancel()
@@ -128,7 +118,7 @@ async def test_fifty_concurrent_streams_share_one_connection() -> None:
     async with H2LLMServer(prefill=0.03, tokens=4) as server:
         async with la.Client(server.url, http2=True) as client:
             wfs = await asyncio.gather(
-                *(client.request("/v1/chat/completions", json=_body()) for _ in range(50))
+                *(client.request("/v1/chat/completions", json=chat_body()) for _ in range(50))
             )
     assert all(_check(wf).ok for wf in wfs), {wf.error for wf in wfs}
     openers = [wf for wf in wfs if "h2_setup" in wf.stages]
@@ -146,11 +136,11 @@ async def test_max_concurrent_streams_queue_shows_as_pool_wait() -> None:
     """
     async with H2LLMServer(max_concurrent_streams=4, prefill=0.04, tokens=1) as server:
         async with la.Client(server.url, http2=True) as client:
-            first = _check(await client.request("/v1/chat/completions", json=_body()))
+            first = _check(await client.request("/v1/chat/completions", json=chat_body()))
             service = first.e2e - first.attribution()["other"]
             seen = len(server.records)
             wfs = await asyncio.gather(
-                *(client.request("/v1/chat/completions", json=_body()) for _ in range(12))
+                *(client.request("/v1/chat/completions", json=chat_body()) for _ in range(12))
             )
         received = sorted(r.received_ns for r in server.records[seen:])
     assert all(_check(wf).ok for wf in wfs)
@@ -170,7 +160,8 @@ async def test_server_that_refuses_h2_gets_http11_when_preferred(ca: TestCA) -> 
     async with LLMServer(ssl=ca.server_context(alpn=("http/1.1",))) as server:
         async with la.Client(server.url, ssl=ca.client_context()) as client:
             wfs = [
-                _check(await client.request("/v1/chat/completions", json=_body())) for _ in range(2)
+                _check(await client.request("/v1/chat/completions", json=chat_body()))
+                for _ in range(2)
             ]
     assert [wf.http_version for wf in wfs] == ["1.1", "1.1"]
     assert wfs[0].tls is not None and wfs[0].tls.alpn == "http/1.1"
@@ -190,9 +181,9 @@ async def test_rst_stream_ends_only_its_stream() -> None:
         async with la.Client(server.url, http2=True) as client:
             reset, ok = await asyncio.gather(
                 client.request(
-                    "/v1/chat/completions", json=_body(h2_fault="rst_stream", fault_after=3)
+                    "/v1/chat/completions", json=chat_body(h2_fault="rst_stream", fault_after=3)
                 ),
-                client.request("/v1/chat/completions", json=_body()),
+                client.request("/v1/chat/completions", json=chat_body()),
             )
     assert _check(reset).error_type == "reset" and "RST_STREAM" in (reset.error or "")
     assert len(reset.chunk_times_ns) == 3
@@ -204,12 +195,14 @@ async def test_goaway_refuses_later_streams_and_the_client_reconnects() -> None:
     async with H2LLMServer(decode=0.01, tokens=6) as server:
         async with la.Client(server.url, http2=True) as client:
             trigger = asyncio.create_task(
-                client.request("/v1/chat/completions", json=_body(h2_fault="goaway", fault_after=2))
+                client.request(
+                    "/v1/chat/completions", json=chat_body(h2_fault="goaway", fault_after=2)
+                )
             )
             await asyncio.sleep(0.005)  # the trigger's stream is open first (lower stream id)
-            later = asyncio.create_task(client.request("/v1/chat/completions", json=_body()))
+            later = asyncio.create_task(client.request("/v1/chat/completions", json=chat_body()))
             done, refused = await trigger, await later
-            after = await client.request("/v1/chat/completions", json=_body())
+            after = await client.request("/v1/chat/completions", json=chat_body())
     assert _check(done).ok and done.output_tokens == 6
     assert _check(refused).error_type == "goaway" and "GOAWAY" in (refused.error or "")
     assert _check(after).ok and "h2_setup" in after.stages  # a new connection
@@ -220,9 +213,9 @@ async def test_connection_closed_during_a_stream() -> None:
     async with H2LLMServer(decode=0.002, tokens=10) as server:
         async with la.Client(server.url, http2=True) as client:
             wf = await client.request(
-                "/v1/chat/completions", json=_body(h2_fault="close", fault_after=4)
+                "/v1/chat/completions", json=chat_body(h2_fault="close", fault_after=4)
             )
-            again = await client.request("/v1/chat/completions", json=_body())
+            again = await client.request("/v1/chat/completions", json=chat_body())
     assert _check(wf).error_type == "reset" and len(wf.chunk_times_ns) == 4
     assert "decode" in wf.stages
     assert _check(again).ok and server.connections == 2
@@ -230,7 +223,7 @@ async def test_connection_closed_during_a_stream() -> None:
 
 async def test_flow_control_large_body_and_long_stream() -> None:
     """A 2 MB prompt (32 windows of 64 KiB) and a 400 KB stream neither stall nor lose bytes."""
-    body = _body(tokens=3000)
+    body = chat_body(tokens=3000)
     body["messages"] = [{"role": "user", "content": "word " * 400_000}]
     async with H2LLMServer() as server:
         async with la.Client(server.url, http2=True, timeout=20) as client:
@@ -342,11 +335,11 @@ async def test_nginx_http2_and_curl_agree(nginx: str, ca: TestCA, tmp_path: Path
     ours: list[la.Waterfall] = []
     curl_versions: set[str] = set()
     async with la.Client(ssl=ca.client_context()) as client:  # warm, like curl's 2nd connection
-        await client.request(url, json=_body())
+        await client.request(url, json=chat_body())
     with TcpDump(f"tcp port {port}") as capture:
         for _ in range(10):
             async with la.Client(ssl=ca.client_context()) as client:
-                ours.append(_check(await client.request(url, json=_body())))
+                ours.append(_check(await client.request(url, json=chat_body())))
             curl_versions |= _curl_setup_time(curl, port, cafile)[1]
     assert all(wf.ok and wf.http_version == "2" for wf in ours), [wf.error for wf in ours]
     assert all(wf.output_tokens == 4 and wf.tls and wf.tls.alpn == "h2" for wf in ours)
@@ -376,8 +369,8 @@ async def test_waiters_on_a_dial_that_chose_http11_do_not_queue_behind_its_body(
     server = LLMServer(ssl=ca.server_context(alpn=("http/1.1",)), decode=0.05, tokens=6)
     async with server, la.Client(server.url, ssl=ca.client_context()) as client:
         first, second = await asyncio.gather(
-            client.request("/v1/chat/completions", json=_body()),
-            client.request("/v1/chat/completions", json=_body()),
+            client.request("/v1/chat/completions", json=chat_body()),
+            client.request("/v1/chat/completions", json=chat_body()),
         )
     for wf in (first, second):
         assert _check(wf).ok and wf.http_version == "1.1"

@@ -10,20 +10,10 @@ import os
 from collections.abc import Iterator
 
 import pytest
-from conftest import assert_exact
+from conftest import assert_exact, chat_body
 
 import latency_analyzer as la
 from latency_analyzer.testing import H2LLMServer
-
-
-def _body(**testbed: object) -> dict[str, object]:
-    return {
-        "model": "m",
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        "messages": [{"role": "user", "content": "hi"}],
-        "testbed": testbed,
-    }
 
 
 def _sockets() -> set[str]:
@@ -67,13 +57,13 @@ async def test_a_response_that_breaks_its_parser_fails_only_its_stream(
     async with H2LLMServer(decode=0.004, tokens=8) as server:
         async with la.Client(server.url, http2=True) as client:
             good = [
-                asyncio.ensure_future(client.request("/v1/chat/completions", json=_body()))
+                asyncio.ensure_future(client.request("/v1/chat/completions", json=chat_body()))
                 for _ in range(3)
             ]
             await asyncio.sleep(0.01)  # the neighbours' streams are open on the connection
-            bad = await client.request("/v1/chat/completions", json=_body(h2_fault=fault))
+            bad = await client.request("/v1/chat/completions", json=chat_body(h2_fault=fault))
             neighbours = await asyncio.gather(*good)
-            after = await client.request("/v1/chat/completions", json=_body())
+            after = await client.request("/v1/chat/completions", json=chat_body())
     for wf in (bad, *neighbours, after):
         assert_exact(wf)
     assert not bad.ok
@@ -94,7 +84,7 @@ async def test_goaway_connections_close_and_none_outlives_the_client(no_leak: No
         async with la.Client(server.url, http2=True) as client:
             for _ in range(30):
                 wf = await client.request(
-                    "/v1/chat/completions", json=_body(h2_fault="goaway", fault_after=0)
+                    "/v1/chat/completions", json=chat_body(h2_fault="goaway", fault_after=0)
                 )
                 assert_exact(wf)
                 assert wf.ok, wf.error
@@ -113,10 +103,10 @@ async def test_a_server_that_never_sends_settings_is_dropped_from_the_pool(
     async with H2LLMServer(send_settings=False) as server:
         async with la.Client(server.url, http2=True, timeout=5, h2_settle_timeout=0.2) as client:
             first, second = await asyncio.gather(
-                client.request("/v1/chat/completions", json=_body()),
-                client.request("/v1/chat/completions", json=_body()),
+                client.request("/v1/chat/completions", json=chat_body()),
+                client.request("/v1/chat/completions", json=chat_body()),
             )
-            later = await client.request("/v1/chat/completions", json=_body())
+            later = await client.request("/v1/chat/completions", json=chat_body())
     for wf in (first, second, later):
         assert_exact(wf)
         assert wf.error_type == "h2_setup", wf.error
@@ -130,10 +120,10 @@ async def test_a_connection_that_errs_leaves_the_pool(no_leak: None) -> None:
     async with H2LLMServer(decode=0.002, tokens=4) as server:
         async with la.Client(server.url, http2=True) as client:
             broken = await client.request(
-                "/v1/chat/completions", json=_body(h2_fault="close", fault_after=1)
+                "/v1/chat/completions", json=chat_body(h2_fault="close", fault_after=1)
             )
             pooled_after_fault = dict(client._h2._conns)
-            after = await client.request("/v1/chat/completions", json=_body())
+            after = await client.request("/v1/chat/completions", json=chat_body())
             pooled = list(client._h2._conns.values())
             assert len(pooled) == 1 and pooled[0].usable
     assert_exact(broken)
