@@ -10,7 +10,7 @@ import socket
 import statistics
 import subprocess
 import sys
-import time
+from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -97,20 +97,32 @@ async def test_closing_the_client_releases_its_http2_tls_sockets(
 
 
 async def test_a_cancelled_close_still_closes_everything(
-    h2_tls: SubprocessH2LLMServer, ca: TestCA
+    h2_tls: SubprocessH2LLMServer, ca: TestCA, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """close() cancelled while it waits for the TLS peer: the HTTP/1.1 session is closed too
     and the HTTP/2 connection aborted, not left half closed."""
     before = _open_sockets()
     client = la.Client(h2_tls.url, ssl=ca.client_context())
     assert _check(await client.request("/v1/chat/completions", json=chat_body())).ok
+    (conn,) = client._h2._live  # the one HTTP/2 connection
+    close_notify_sent = asyncio.Event()
+    close_transport = conn.transport.close
+
+    def close_and_tell() -> None:
+        close_transport()
+        close_notify_sent.set()
+
+    monkeypatch.setattr(conn.transport, "close", close_and_tell)
     closing = asyncio.ensure_future(client.close())
-    await asyncio.sleep(0)  # close() is now waiting for the peer's close_notify
+    await close_notify_sent.wait()
+    # close() went on to wait for the peer's answer in the step that closed the transport;
+    # the answer, read by the loop, cannot have come before this task's wake-up
+    assert not closing.done() and not conn.closed.done()
     closing.cancel()
     with pytest.raises(asyncio.CancelledError):
         await closing
     assert client._session is None
-    await asyncio.sleep(0.05)  # the aborted transport's connection_lost
+    await asyncio.wait_for(conn.closed, 1.0)  # the aborted transport's connection_lost
     assert _open_sockets() - before == set()
 
 
@@ -193,13 +205,19 @@ async def test_rst_stream_ends_only_its_stream() -> None:
 
 async def test_goaway_refuses_later_streams_and_the_client_reconnects() -> None:
     async with H2LLMServer(decode=0.01, tokens=6) as server:
-        async with la.Client(server.url, http2=True) as client:
+        opened = asyncio.Event()  # the trigger's stream is open: the later one's id is higher
+
+        def on_event(name: str, info: object) -> None:
+            if name == "capture.send.started":
+                opened.set()
+
+        async with la.Client(server.url, http2=True, trace=on_event) as client:
             trigger = asyncio.create_task(
                 client.request(
                     "/v1/chat/completions", json=chat_body(h2_fault="goaway", fault_after=2)
                 )
             )
-            await asyncio.sleep(0.005)  # the trigger's stream is open first (lower stream id)
+            await opened.wait()
             later = asyncio.create_task(client.request("/v1/chat/completions", json=chat_body()))
             done, refused = await trigger, await later
             after = await client.request("/v1/chat/completions", json=chat_body())
@@ -236,12 +254,6 @@ async def test_flow_control_large_body_and_long_stream() -> None:
 # -- a real HTTP/2 server: nginx ----------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _need(binary: str) -> str:
     path = shutil.which(binary)
     if path is None:
@@ -251,18 +263,29 @@ def _need(binary: str) -> str:
     return path
 
 
+@contextlib.contextmanager
+def _listener() -> Iterator[socket.socket]:
+    """A listening TCP socket on a free loopback port, for a server process to inherit."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(511)
+        sock.setblocking(False)  # as nginx's own listening sockets are
+        yield sock
+
+
 @pytest.fixture
 def nginx(tmp_path: Path, server_pem: Path) -> Iterator[str]:
     """nginx 1.22 terminating TLS + HTTP/2 in front of the HTTP/1.1 test server."""
     binary = _need("nginx")
-    # both servers at real-time priority (the upstream in its own process, nginx asking for
-    # it as it starts), so the host's other processes cannot delay what they answer
-    with LLMServer(prefill=0.01, tokens=4).run_in_subprocess() as upstream:
-        port = _free_port()
+    # both servers at real-time priority (the upstream in its own process, nginx's master set
+    # before it starts and its worker inheriting it), so the host's other processes cannot
+    # delay what they answer
+    with LLMServer(prefill=0.01, tokens=4).run_in_subprocess() as upstream, _listener() as sock:
+        port = sock.getsockname()[1]
         conf = tmp_path / "nginx.conf"
         conf.write_text(
             f"""
-            daemon off; master_process off; pid {tmp_path}/nginx.pid;
+            daemon off; master_process on; worker_processes 1; pid {tmp_path}/nginx.pid;
             error_log {tmp_path}/error.log warn;
             events {{}}
             http {{
@@ -282,25 +305,22 @@ def nginx(tmp_path: Path, server_pem: Path) -> Iterator[str]:
             }}
             """
         )
-        proc = subprocess.Popen([binary, "-p", str(tmp_path), "-c", str(conf)], preexec_fn=realtime)
+        # nginx takes over our listening socket (``NGINX=fd;``, its binary-upgrade hand-over):
+        # a connection made before nginx is up waits in the socket's backlog, not refused, so
+        # nothing has to wait for nginx to start listening; once it runs, the socket is its own
+        fd = sock.fileno()
+        proc = subprocess.Popen(
+            [binary, "-p", str(tmp_path), "-c", str(conf)],
+            preexec_fn=realtime,
+            pass_fds=(fd,),
+            env={**os.environ, "NGINX": f"{fd};"},
+        )
+        sock.close()  # nginx holds it now: if nginx exits, connections are refused
         try:
-            _wait_for_port(port, proc)
             yield f"https://localhost:{port}"
         finally:
             proc.terminate()
             proc.wait(5)
-
-
-def _wait_for_port(port: int, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, "nginx exited at start"
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
-        except OSError:
-            time.sleep(0.02)
-    raise AssertionError("nginx did not start listening")
 
 
 def _curl_setup_time(curl: str, port: int, cafile: Path) -> tuple[float, set[str]]:
@@ -395,6 +415,20 @@ class _StubTransport(asyncio.Transport):
         return 0
 
 
+class _Queue(deque[asyncio.Future[None]]):
+    """A connection's queue of slot waiters that says when ``n`` are in it."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.full = asyncio.Event()
+        self._n = n
+
+    def append(self, waiter: asyncio.Future[None]) -> None:
+        super().append(waiter)
+        if len(self) >= self._n:
+            self.full.set()
+
+
 async def test_a_cancelled_slot_waiter_passes_its_wake_up_on() -> None:
     """One slot, two waiters: the stream ends and the first waiter is cancelled in the same
     loop step; the second must get the slot, not wait for its own timeout."""
@@ -405,9 +439,10 @@ async def test_a_cancelled_slot_waiter_passes_its_wake_up_on() -> None:
 
     conn = OneSlot(_StubTransport(), None, None)
     conn._streams[1] = object()  # type: ignore[assignment]  # a stand-in: only the count of streams matters
+    queue = conn._slot_waiters = _Queue(2)
     first = asyncio.create_task(conn.acquire_slot())
     second = asyncio.create_task(conn.acquire_slot())
-    await asyncio.sleep(0)
+    await queue.full.wait()  # both wait for the slot
     conn._streams.pop(1)
     conn._wake_slot()
     first.cancel()
