@@ -187,10 +187,10 @@ async def test_keepalive_off_opens_a_connection_per_request(llm_in_process: LLMS
 async def test_pool_wait_shows_queueing_for_a_connection(llm_in_process: LLMServer) -> None:
     """limit=1: the second request waits for the first to finish.
 
-    Truth: the server's log. The second request reached the server after its turn came,
-    which was when the first response ended (give or take the client's hand-over of the
-    connection: a few steps of its loop). How long it waited in all depends on when the
-    host let it start, so it is not compared with the first's e2e.
+    Truth: the server's log. The second request began waiting before the first one reached
+    the server, and reached it only after its turn came, when the first response ended. Its
+    wait beyond those instants (when the host let it start, how soon the client handed the
+    connection over) is the client's scheduling, which host load stretches: not compared.
     """
     async with la.Client(llm_in_process.url, limit=1) as client:
         first, second = await asyncio.gather(
@@ -204,8 +204,8 @@ async def test_pool_wait_shows_queueing_for_a_connection(llm_in_process: LLMServ
     queued = second.stages["pool_wait"]
     received = sorted(r.received_ns for r in llm_in_process.records)
     assert len(received) == 2
+    assert queued.start_ns < received[0]  # waiting while the first was served
     assert first.end_ns <= queued.end_ns < received[1]  # its turn, then it was sent
-    assert queued.end_ns - first.end_ns <= 3_000_000  # the hand-over
     assert second.connection.reused
 
 
