@@ -10,6 +10,7 @@ import asyncio
 import http.client
 import itertools
 import json
+import os
 import socket
 import ssl
 import statistics
@@ -362,7 +363,8 @@ def test_run_in_thread_serves_sync_clients() -> None:
 
 def test_run_in_subprocess_records_timing_and_dies_on_kill() -> None:
     with LLMServer(prefill=0.020, decode=0.005, tokens=5).run_in_subprocess() as server:
-        assert server.pid > 0
+        stat = Path(f"/proc/{server.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        assert int(stat[1]) == os.getpid()  # a process of its own, this one's child
         before = time.perf_counter_ns()
         for _ in range(3):
             assert _sync_stream(server.port, _chat_body()).count(b"tok000") == 5
@@ -371,7 +373,9 @@ def test_run_in_subprocess_records_timing_and_dies_on_kill() -> None:
         first = [r.chunk_ns[0] - r.received_ns for r in records]
         assert abs(statistics.median(first) - 20 * MS) < TOLERANCE_NS
         assert server.connections == 3
+        pid = server.pid
         server.kill()
+        assert not Path(f"/proc/{pid}").exists()  # killed and reaped
         with pytest.raises(ConnectionRefusedError):
             socket.create_connection(("127.0.0.1", server.port), timeout=1).close()
 
