@@ -3,8 +3,10 @@ read, and the exact-attribution check."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import socket
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +14,7 @@ from typing import Any
 import pytest
 
 from latency_analyzer import Waterfall
+from latency_analyzer.capture._wire import StampedSocket
 from latency_analyzer.testing import LLMServer, SubprocessLLMServer, TestCA
 from latency_analyzer.testing._priority import realtime as go_realtime
 
@@ -20,6 +23,22 @@ def assert_exact(wf: Waterfall) -> None:
     """Every waterfall in every test: the attribution adds up to e2e, to the nanosecond."""
     assert sum(wf.attribution_ns().values()) == wf.e2e_ns
     assert math.isclose(math.fsum(wf.attribution().values()), wf.e2e, abs_tol=1e-9)
+
+
+def open_sockets() -> set[str]:
+    """This process's open sockets (``/proc/self/fd`` links to ``socket:[inode]``).
+
+    The capture layer keeps one socket open for the life of the process (it holds the kernel's
+    receive timestamps on) from the first stamped socket on: it is opened here first, so a
+    test that compares two readings never counts it as its own.
+    """
+    StampedSocket(socket.AF_INET, socket.SOCK_STREAM).close()
+    fds = "/proc/self/fd"
+    links = []
+    for fd in os.listdir(fds):
+        with contextlib.suppress(FileNotFoundError):  # the listing's own fd, closed by now
+            links.append(os.readlink(f"{fds}/{fd}"))
+    return {link for link in links if link.startswith("socket:")}
 
 
 def tolerance(expected_s: float) -> float:

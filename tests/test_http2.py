@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import assert_exact, chat_body, tolerance
+from conftest import assert_exact, chat_body, open_sockets, tolerance
 from handshakes import during, handshakes
 
 import latency_analyzer as la
@@ -76,24 +76,17 @@ async def test_alpn_h2_and_injected_delays(h2_tls: SubprocessH2LLMServer, ca: Te
     assert first.output_tokens == TOKENS and first.output_tokens_source == "usage"
 
 
-def _open_sockets() -> set[str]:
-    """This process's socket inodes (``/proc/self/fd`` links to ``socket:[N]``)."""
-    fds = "/proc/self/fd"
-    links = (os.readlink(f"{fds}/{fd}") for fd in os.listdir(fds) if os.path.exists(f"{fds}/{fd}"))
-    return {link for link in links if link.startswith("socket:")}
-
-
 async def test_closing_the_client_releases_its_http2_tls_sockets(
     h2_tls: SubprocessH2LLMServer, ca: TestCA
 ) -> None:
     """A TLS connection closes only after the peer's close_notify: ``close()`` waits for it,
     so no socket outlives the client (a loop ended right after would leak it)."""
-    before = _open_sockets()
+    before = open_sockets()
     async with la.Client(h2_tls.url, ssl=ca.client_context()) as client:
         wf = await client.request("/v1/chat/completions", json=chat_body())
         assert _check(wf).http_version == "2"
-        assert len(_open_sockets() - before) == 1
-    assert _open_sockets() - before == set()
+        assert len(open_sockets() - before) == 1
+    assert open_sockets() - before == set()
 
 
 async def test_a_cancelled_close_still_closes_everything(
@@ -101,7 +94,7 @@ async def test_a_cancelled_close_still_closes_everything(
 ) -> None:
     """close() cancelled while it waits for the TLS peer: the HTTP/1.1 session is closed too
     and the HTTP/2 connection aborted, not left half closed."""
-    before = _open_sockets()
+    before = open_sockets()
     client = la.Client(h2_tls.url, ssl=ca.client_context())
     assert _check(await client.request("/v1/chat/completions", json=chat_body())).ok
     (conn,) = client._h2._live  # the one HTTP/2 connection
@@ -123,7 +116,7 @@ async def test_a_cancelled_close_still_closes_everything(
         await closing
     assert client._session is None
     await asyncio.wait_for(conn.closed, 1.0)  # the aborted transport's connection_lost
-    assert _open_sockets() - before == set()
+    assert open_sockets() - before == set()
 
 
 async def test_fifty_concurrent_streams_share_one_connection() -> None:
@@ -385,7 +378,11 @@ async def test_waiters_on_a_dial_that_chose_http11_do_not_queue_behind_its_body(
     ca: TestCA,
 ) -> None:
     """http2=None, a fresh HTTPS origin that speaks only HTTP/1.1: the request waiting for the
-    first dial learns 'HTTP/1.1' at the handshake, not after the first response's last byte."""
+    first dial learns 'HTTP/1.1' at the handshake, not after the first response's last byte.
+
+    Truth: the server's log. The later request reached the server while the earlier one was
+    still streaming (its 0.25 s of decode), so it did not wait for that body.
+    """
     server = LLMServer(ssl=ca.server_context(alpn=("http/1.1",)), decode=0.05, tokens=6)
     async with server, la.Client(server.url, ssl=ca.client_context()) as client:
         first, second = await asyncio.gather(
@@ -394,7 +391,8 @@ async def test_waiters_on_a_dial_that_chose_http11_do_not_queue_behind_its_body(
         )
     for wf in (first, second):
         assert _check(wf).ok and wf.http_version == "1.1"
-    assert second.attribution()["pool_wait"] < 0.05  # not the first's ~0.25 s stream
+    earlier, later = sorted(server.records, key=lambda r: r.received_ns)
+    assert later.received_ns < earlier.chunk_ns[-1]
     assert sum(s.name == "pool_wait" for s in second.root.children) == 1
 
 

@@ -4,26 +4,14 @@ the pool and releases its socket."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
 from collections.abc import Iterator
 
 import pytest
-from conftest import assert_exact, chat_body
+from conftest import assert_exact, chat_body, open_sockets
 
 import latency_analyzer as la
 from latency_analyzer.testing import H2LLMServer
-
-
-def _sockets() -> set[str]:
-    """This process's open sockets (``/proc/self/fd`` links to ``socket:[inode]``)."""
-    fds = "/proc/self/fd"
-    links = []
-    for fd in os.listdir(fds):
-        with contextlib.suppress(FileNotFoundError):  # the listing's own fd, closed by now
-            links.append(os.readlink(f"{fds}/{fd}"))
-    return {link for link in links if link.startswith("socket:")}
 
 
 @pytest.fixture
@@ -32,9 +20,9 @@ def no_leak() -> Iterator[None]:
 
     The servers run in this process too; each test stops its server before it returns.
     """
-    before = _sockets()
+    before = open_sockets()
     yield
-    assert _sockets() - before == set()
+    assert open_sockets() - before == set()
 
 
 @pytest.fixture
@@ -80,7 +68,7 @@ async def test_goaway_connections_close_and_none_outlives_the_client(no_leak: No
     once its last stream ends, and close() leaves no socket behind."""
     async with H2LLMServer(tokens=2) as server:
         open_during: list[int] = []
-        base = _sockets()
+        base = open_sockets()
         async with la.Client(server.url, http2=True) as client:
             for _ in range(30):
                 wf = await client.request(
@@ -89,7 +77,7 @@ async def test_goaway_connections_close_and_none_outlives_the_client(no_leak: No
                 assert_exact(wf)
                 assert wf.ok, wf.error
                 await asyncio.sleep(0)  # the close we started is handed to the loop
-                open_during.append(len(_sockets() - base))
+                open_during.append(len(open_sockets() - base))
         assert server.connections == 30
         # our end and the server's end of the connection in flight: at most one pair open
         assert max(open_during) <= 2, open_during
