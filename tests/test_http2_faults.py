@@ -42,13 +42,22 @@ async def test_a_response_that_breaks_its_parser_fails_only_its_stream(
     fault: str, kind: str | None, no_leak: None, loop_errors: list[str]
 ) -> None:
     """The bad stream fails with an error; its neighbours on the connection complete."""
+    opened: list[str] = []
+    neighbours_open = asyncio.Event()
+
+    def on_event(name: str, info: object) -> None:
+        if name == "capture.send.started":  # a stream is opened on the connection
+            opened.append(name)
+            if len(opened) == 3:
+                neighbours_open.set()
+
     async with H2LLMServer(decode=0.004, tokens=8) as server:
-        async with la.Client(server.url, http2=True) as client:
+        async with la.Client(server.url, http2=True, trace=on_event) as client:
             good = [
                 asyncio.ensure_future(client.request("/v1/chat/completions", json=chat_body()))
                 for _ in range(3)
             ]
-            await asyncio.sleep(0.01)  # the neighbours' streams are open on the connection
+            await neighbours_open.wait()
             bad = await client.request("/v1/chat/completions", json=chat_body(h2_fault=fault))
             neighbours = await asyncio.gather(*good)
             after = await client.request("/v1/chat/completions", json=chat_body())
@@ -76,7 +85,9 @@ async def test_goaway_connections_close_and_none_outlives_the_client(no_leak: No
                 )
                 assert_exact(wf)
                 assert wf.ok, wf.error
-                await asyncio.sleep(0)  # the close we started is handed to the loop
+                # drained by the GOAWAY, the connection closes by itself: wait for it
+                for conn in list(client._h2._live):
+                    await asyncio.wait_for(conn.closed, 1.0)
                 open_during.append(len(open_sockets() - base))
         assert server.connections == 30
         # our end and the server's end of the connection in flight: at most one pair open
