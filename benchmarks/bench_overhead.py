@@ -396,7 +396,7 @@ async def profiled(
 
 def _busy_rows(stats: pstats.Stats) -> tuple[dict[Any, tuple[float, int]], float]:
     """{function key: (tottime s, ncalls)} without the selector wait, and that wait."""
-    raw: dict[Any, Any] = stats.stats  # type: ignore[attr-defined]
+    raw: dict[Any, Any] = stats.stats  # type: ignore[attr-defined]  # pstats keeps its table untyped
     rows: dict[Any, tuple[float, int]] = {}
     idle = 0.0
     for key, (_cc, ncalls, tottime, _cum, _callers) in raw.items():

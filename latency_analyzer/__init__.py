@@ -9,7 +9,7 @@
     wf.ttft, wf.tpot, wf.itl, wf.output_tokens, wf.http_version, wf.error
 """
 
-from typing import TYPE_CHECKING, Any
+import typing
 
 from . import _presenters  # noqa: F401  (registers plot/diagnose/repr behind the model)
 from ._version import __version__
@@ -27,13 +27,13 @@ from .timeline import (
     Waterfall,
 )
 
-if TYPE_CHECKING:
+if typing.TYPE_CHECKING:
     from .capture.client import Client, aprobe, probe
 
 _CLIENT_NAMES = frozenset({"Client", "aprobe", "probe"})
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     """The client (and aiohttp under it) loads on first use: the pytest plugin imports this
     package in every pytest run of an environment that has it installed."""
     if name in _CLIENT_NAMES:

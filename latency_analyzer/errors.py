@@ -16,7 +16,7 @@ raises for callers who prefer exceptions.
 
 from __future__ import annotations
 
-from ._redact import redact_text
+from . import _redact
 
 __all__ = ["LatencyAnalyzerError", "RequestError", "UsageError"]
 
@@ -38,7 +38,7 @@ class RequestError(LatencyAnalyzerError):
     """
 
     def __init__(self, kind: str, message: str) -> None:
-        message = redact_text(message)
+        message = _redact.redact_text(message)
         super().__init__(f"{kind}: {message}")
         self.kind = kind
         self.message = message

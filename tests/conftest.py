@@ -1,16 +1,21 @@
-"""Shared fixtures: the test CA, loopback servers, and the exact-attribution check."""
+"""Shared fixtures and helpers: the test CA, the LLM test servers and the request bodies they
+read, and the exact-attribution check."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
-from collections.abc import Iterator
+import socket
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from latency_analyzer import Waterfall
-from latency_analyzer.testing import TestCA
+from latency_analyzer.capture._wire import StampedSocket
+from latency_analyzer.testing import LLMServer, SubprocessLLMServer, TestCA
 from latency_analyzer.testing._priority import realtime as go_realtime
 
 
@@ -20,9 +25,70 @@ def assert_exact(wf: Waterfall) -> None:
     assert math.isclose(math.fsum(wf.attribution().values()), wf.e2e, abs_tol=1e-9)
 
 
+def open_sockets() -> set[str]:
+    """This process's open sockets (``/proc/self/fd`` links to ``socket:[inode]``).
+
+    The capture layer keeps one socket open for the life of the process (it holds the kernel's
+    receive timestamps on) from the first stamped socket on: it is opened here first, so a
+    test that compares two readings never counts it as its own.
+    """
+    StampedSocket(socket.AF_INET, socket.SOCK_STREAM).close()
+    fds = "/proc/self/fd"
+    links = []
+    for fd in os.listdir(fds):
+        with contextlib.suppress(FileNotFoundError):  # the listing's own fd, closed by now
+            links.append(os.readlink(f"{fds}/{fd}"))
+    return {link for link in links if link.startswith("socket:")}
+
+
 def tolerance(expected_s: float) -> float:
     """The acceptance tolerance for a recovered injected delay: max(0.5 ms, 3%)."""
     return max(0.0005, 0.03 * expected_s)
+
+
+def chat_body(
+    *, stream: bool = True, include_usage: bool = True, content: str = "hi", **testbed: object
+) -> dict[str, Any]:
+    """A chat-completions request for the test servers.
+
+    Args:
+        stream: ask for a streamed response.
+        include_usage: ask for the closing usage chunk (``stream_options.include_usage``).
+        content: the user's message (the server counts its words as prompt tokens).
+        testbed: this request's overrides of the server's behaviour (``prefill=0.05``,
+            ``fault="reset"``, ...), sent as the body's ``testbed`` object.
+    """
+    body: dict[str, Any] = {
+        "model": "m",
+        "stream": stream,
+        "messages": [{"role": "user", "content": content}],
+    }
+    if include_usage:
+        body["stream_options"] = {"include_usage": True}
+    if testbed:
+        body["testbed"] = dict(testbed)
+    return body
+
+
+def _knobs(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """The test module's ``LLM_KNOBS``: keyword arguments of its ``LLMServer``."""
+    return dict(getattr(request.module, "LLM_KNOBS", {}))
+
+
+@pytest.fixture(scope="module")
+def llm(request: pytest.FixtureRequest) -> Iterator[SubprocessLLMServer]:
+    """The module's LLM test server in its own process, so nothing this process does can make
+    it late; configured by the module's ``LLM_KNOBS``."""
+    with LLMServer(**_knobs(request)).run_in_subprocess() as server:
+        yield server
+
+
+@pytest.fixture
+async def llm_in_process(request: pytest.FixtureRequest) -> AsyncIterator[LLMServer]:
+    """A fresh LLM test server on this test's event loop (its connection count and records are
+    this test's alone); configured by the module's ``LLM_KNOBS``."""
+    async with LLMServer(**_knobs(request)) as server:
+        yield server
 
 
 @pytest.fixture(scope="session")

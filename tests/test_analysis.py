@@ -65,7 +65,7 @@ def synthetic(
 def build(waits_ms: list[float], **tags: object) -> WaterfallSet:
     ws = WaterfallSet()
     for i, w in enumerate(waits_ms):
-        ws.add(synthetic(i * 10 * MS, w), Tags(**tags))  # type: ignore[arg-type]
+        ws.add(synthetic(i * 10 * MS, w), Tags(**tags))  # type: ignore[arg-type]  # test tags given as **object
     return ws
 
 

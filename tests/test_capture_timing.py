@@ -13,11 +13,10 @@ import json
 import statistics
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import assert_exact, tolerance
+from conftest import assert_exact, chat_body, tolerance
 from handshakes import during, handshakes
 
 import latency_analyzer as la
@@ -32,30 +31,15 @@ from latency_analyzer.testing.tcpdump import TcpDump
 
 HEADER_DELAY, PREFILL, DECODE, TOKENS = 0.020, 0.040, 0.005, 20
 N = 20
+LLM_KNOBS = {"header_delay": HEADER_DELAY, "prefill": PREFILL, "decode": DECODE, "tokens": TOKENS}
 LOOPBACK_NS = 500_000  # a packet's capture stamp to its receive stamp on lo, with room
-
-
-def _body(**testbed: object) -> dict[str, object]:
-    return {
-        "model": "m",
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        "messages": [{"role": "user", "content": "hello there"}],
-        "testbed": testbed,
-    }
-
-
-@pytest.fixture(scope="module")
-def llm() -> Iterator[SubprocessLLMServer]:
-    server = LLMServer(header_delay=HEADER_DELAY, prefill=PREFILL, decode=DECODE, tokens=TOKENS)
-    with server.run_in_subprocess() as s:
-        yield s
 
 
 async def _series(url: str, n: int, **testbed: object) -> list[la.Waterfall]:
     async with la.Client(url) as client:
         out = [
-            await client.request("/v1/chat/completions", json=_body(**testbed)) for _ in range(n)
+            await client.request("/v1/chat/completions", json=chat_body(**testbed))
+            for _ in range(n)
         ]
     for wf in out:
         assert wf.ok, wf.error
@@ -271,7 +255,7 @@ async def _cold_tls_series(proxy_port: int, ca: TestCA, n: int) -> list[la.Water
     for _ in range(n):  # a new client each time: a new connection and a full handshake
         async with la.Client(ssl=ca.client_context()) as client:
             url = f"https://localhost:{proxy_port}/v1/chat/completions"
-            out.append(await client.request(url, json=_body(tokens=2)))
+            out.append(await client.request(url, json=chat_body(tokens=2)))
     for wf in out:
         assert wf.ok, wf.error
         assert_exact(wf)

@@ -108,10 +108,12 @@ def _chunk_frames() -> st.SearchStrategy[bytes]:
     cuts=st.lists(st.integers(0, 4000), max_size=8),
 )
 def test_sse_and_openai_chunks_never_raise(data: bytes, cuts: list[int]) -> None:
+    """Whatever the bytes and however they are cut: no exception, and every event carries the
+    time of the ``feed`` that completed it (no event is stamped with an earlier read's time)."""
     sse, chunks = SSEParser(), OpenAIStreamParser()
     for i, piece in enumerate(_splits(data, cuts)):
-        sse.feed(piece, i)
-        chunks.feed(piece, i)
+        assert {e.time_ns for e in sse.feed(piece, i)} <= {i}
+        assert {e.time_ns for e in chunks.feed(piece, i)} <= {i}
     sse.close(len(cuts) + 1)
     chunks.close(len(cuts) + 1)
 

@@ -10,12 +10,12 @@ import socket
 import statistics
 import subprocess
 import sys
-import time
+from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import assert_exact, tolerance
+from conftest import assert_exact, chat_body, open_sockets, tolerance
 from handshakes import during, handshakes
 
 import latency_analyzer as la
@@ -27,16 +27,6 @@ from latency_analyzer.testing.tcpdump import TcpDump
 
 HEADER_DELAY, PREFILL, DECODE, TOKENS = 0.020, 0.040, 0.005, 20
 LOOPBACK_NS = 500_000  # a packet's capture stamp to its receive stamp on lo, with room
-
-
-def _body(**testbed: object) -> dict[str, object]:
-    return {
-        "model": "m",
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        "messages": [{"role": "user", "content": "hi"}],
-        "testbed": testbed,
-    }
 
 
 def _median(wfs: list[la.Waterfall], stage: str) -> float:
@@ -60,13 +50,13 @@ def h2_tls(server_pem: Path) -> Iterator[SubprocessH2LLMServer]:
 async def test_alpn_h2_and_injected_delays(h2_tls: SubprocessH2LLMServer, ca: TestCA) -> None:
     async with la.Client(h2_tls.url, ssl=ca.client_context()) as client:
         wfs = [
-            _check(await client.request("/v1/chat/completions", json=_body(tokens=TOKENS)))
+            _check(await client.request("/v1/chat/completions", json=chat_body(tokens=TOKENS)))
             for _ in range(20)
         ]
         # the same requests without the header delay: what wait is made of besides it (the
         # server's own request handling, ~0.3-0.6 ms for this pure-Python h2 server)
         base = [
-            _check(await client.request("/v1/chat/completions", json=_body(header_delay=0.0)))
+            _check(await client.request("/v1/chat/completions", json=chat_body(header_delay=0.0)))
             for _ in range(20)
         ]
     first, rest = wfs[0], wfs[1:]
@@ -86,49 +76,54 @@ async def test_alpn_h2_and_injected_delays(h2_tls: SubprocessH2LLMServer, ca: Te
     assert first.output_tokens == TOKENS and first.output_tokens_source == "usage"
 
 
-def _open_sockets() -> set[str]:
-    """This process's socket inodes (``/proc/self/fd`` links to ``socket:[N]``)."""
-    fds = "/proc/self/fd"
-    links = (os.readlink(f"{fds}/{fd}") for fd in os.listdir(fds) if os.path.exists(f"{fds}/{fd}"))
-    return {link for link in links if link.startswith("socket:")}
-
-
 async def test_closing_the_client_releases_its_http2_tls_sockets(
     h2_tls: SubprocessH2LLMServer, ca: TestCA
 ) -> None:
     """A TLS connection closes only after the peer's close_notify: ``close()`` waits for it,
     so no socket outlives the client (a loop ended right after would leak it)."""
-    before = _open_sockets()
+    before = open_sockets()
     async with la.Client(h2_tls.url, ssl=ca.client_context()) as client:
-        wf = await client.request("/v1/chat/completions", json=_body())
+        wf = await client.request("/v1/chat/completions", json=chat_body())
         assert _check(wf).http_version == "2"
-        assert len(_open_sockets() - before) == 1
-    assert _open_sockets() - before == set()
+        assert len(open_sockets() - before) == 1
+    assert open_sockets() - before == set()
 
 
 async def test_a_cancelled_close_still_closes_everything(
-    h2_tls: SubprocessH2LLMServer, ca: TestCA
+    h2_tls: SubprocessH2LLMServer, ca: TestCA, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """close() cancelled while it waits for the TLS peer: the HTTP/1.1 session is closed too
     and the HTTP/2 connection aborted, not left half closed."""
-    before = _open_sockets()
+    before = open_sockets()
     client = la.Client(h2_tls.url, ssl=ca.client_context())
-    assert _check(await client.request("/v1/chat/completions", json=_body())).ok
+    assert _check(await client.request("/v1/chat/completions", json=chat_body())).ok
+    (conn,) = client._h2._live  # the one HTTP/2 connection
+    close_notify_sent = asyncio.Event()
+    close_transport = conn.transport.close
+
+    def close_and_tell() -> None:
+        close_transport()
+        close_notify_sent.set()
+
+    monkeypatch.setattr(conn.transport, "close", close_and_tell)
     closing = asyncio.ensure_future(client.close())
-    await asyncio.sleep(0)  # close() is now waiting for the peer's close_notify
+    await close_notify_sent.wait()
+    # close() went on to wait for the peer's answer in the step that closed the transport;
+    # the answer, read by the loop, cannot have come before this task's wake-up
+    assert not closing.done() and not conn.closed.done()
     closing.cancel()
     with pytest.raises(asyncio.CancelledError):
         await closing
     assert client._session is None
-    await asyncio.sleep(0.05)  # the aborted transport's connection_lost
-    assert _open_sockets() - before == set()
+    await asyncio.wait_for(conn.closed, 1.0)  # the aborted transport's connection_lost
+    assert open_sockets() - before == set()
 
 
 async def test_fifty_concurrent_streams_share_one_connection() -> None:
     async with H2LLMServer(prefill=0.03, tokens=4) as server:
         async with la.Client(server.url, http2=True) as client:
             wfs = await asyncio.gather(
-                *(client.request("/v1/chat/completions", json=_body()) for _ in range(50))
+                *(client.request("/v1/chat/completions", json=chat_body()) for _ in range(50))
             )
     assert all(_check(wf).ok for wf in wfs), {wf.error for wf in wfs}
     openers = [wf for wf in wfs if "h2_setup" in wf.stages]
@@ -146,11 +141,11 @@ async def test_max_concurrent_streams_queue_shows_as_pool_wait() -> None:
     """
     async with H2LLMServer(max_concurrent_streams=4, prefill=0.04, tokens=1) as server:
         async with la.Client(server.url, http2=True) as client:
-            first = _check(await client.request("/v1/chat/completions", json=_body()))
+            first = _check(await client.request("/v1/chat/completions", json=chat_body()))
             service = first.e2e - first.attribution()["other"]
             seen = len(server.records)
             wfs = await asyncio.gather(
-                *(client.request("/v1/chat/completions", json=_body()) for _ in range(12))
+                *(client.request("/v1/chat/completions", json=chat_body()) for _ in range(12))
             )
         received = sorted(r.received_ns for r in server.records[seen:])
     assert all(_check(wf).ok for wf in wfs)
@@ -170,7 +165,8 @@ async def test_server_that_refuses_h2_gets_http11_when_preferred(ca: TestCA) -> 
     async with LLMServer(ssl=ca.server_context(alpn=("http/1.1",))) as server:
         async with la.Client(server.url, ssl=ca.client_context()) as client:
             wfs = [
-                _check(await client.request("/v1/chat/completions", json=_body())) for _ in range(2)
+                _check(await client.request("/v1/chat/completions", json=chat_body()))
+                for _ in range(2)
             ]
     assert [wf.http_version for wf in wfs] == ["1.1", "1.1"]
     assert wfs[0].tls is not None and wfs[0].tls.alpn == "http/1.1"
@@ -190,9 +186,9 @@ async def test_rst_stream_ends_only_its_stream() -> None:
         async with la.Client(server.url, http2=True) as client:
             reset, ok = await asyncio.gather(
                 client.request(
-                    "/v1/chat/completions", json=_body(h2_fault="rst_stream", fault_after=3)
+                    "/v1/chat/completions", json=chat_body(h2_fault="rst_stream", fault_after=3)
                 ),
-                client.request("/v1/chat/completions", json=_body()),
+                client.request("/v1/chat/completions", json=chat_body()),
             )
     assert _check(reset).error_type == "reset" and "RST_STREAM" in (reset.error or "")
     assert len(reset.chunk_times_ns) == 3
@@ -202,14 +198,22 @@ async def test_rst_stream_ends_only_its_stream() -> None:
 
 async def test_goaway_refuses_later_streams_and_the_client_reconnects() -> None:
     async with H2LLMServer(decode=0.01, tokens=6) as server:
-        async with la.Client(server.url, http2=True) as client:
+        opened = asyncio.Event()  # the trigger's stream is open: the later one's id is higher
+
+        def on_event(name: str, info: object) -> None:
+            if name == "capture.send.started":
+                opened.set()
+
+        async with la.Client(server.url, http2=True, trace=on_event) as client:
             trigger = asyncio.create_task(
-                client.request("/v1/chat/completions", json=_body(h2_fault="goaway", fault_after=2))
+                client.request(
+                    "/v1/chat/completions", json=chat_body(h2_fault="goaway", fault_after=2)
+                )
             )
-            await asyncio.sleep(0.005)  # the trigger's stream is open first (lower stream id)
-            later = asyncio.create_task(client.request("/v1/chat/completions", json=_body()))
+            await opened.wait()
+            later = asyncio.create_task(client.request("/v1/chat/completions", json=chat_body()))
             done, refused = await trigger, await later
-            after = await client.request("/v1/chat/completions", json=_body())
+            after = await client.request("/v1/chat/completions", json=chat_body())
     assert _check(done).ok and done.output_tokens == 6
     assert _check(refused).error_type == "goaway" and "GOAWAY" in (refused.error or "")
     assert _check(after).ok and "h2_setup" in after.stages  # a new connection
@@ -220,9 +224,9 @@ async def test_connection_closed_during_a_stream() -> None:
     async with H2LLMServer(decode=0.002, tokens=10) as server:
         async with la.Client(server.url, http2=True) as client:
             wf = await client.request(
-                "/v1/chat/completions", json=_body(h2_fault="close", fault_after=4)
+                "/v1/chat/completions", json=chat_body(h2_fault="close", fault_after=4)
             )
-            again = await client.request("/v1/chat/completions", json=_body())
+            again = await client.request("/v1/chat/completions", json=chat_body())
     assert _check(wf).error_type == "reset" and len(wf.chunk_times_ns) == 4
     assert "decode" in wf.stages
     assert _check(again).ok and server.connections == 2
@@ -230,7 +234,7 @@ async def test_connection_closed_during_a_stream() -> None:
 
 async def test_flow_control_large_body_and_long_stream() -> None:
     """A 2 MB prompt (32 windows of 64 KiB) and a 400 KB stream neither stall nor lose bytes."""
-    body = _body(tokens=3000)
+    body = chat_body(tokens=3000)
     body["messages"] = [{"role": "user", "content": "word " * 400_000}]
     async with H2LLMServer() as server:
         async with la.Client(server.url, http2=True, timeout=20) as client:
@@ -243,12 +247,6 @@ async def test_flow_control_large_body_and_long_stream() -> None:
 # -- a real HTTP/2 server: nginx ----------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _need(binary: str) -> str:
     path = shutil.which(binary)
     if path is None:
@@ -258,18 +256,29 @@ def _need(binary: str) -> str:
     return path
 
 
+@contextlib.contextmanager
+def _listener() -> Iterator[socket.socket]:
+    """A listening TCP socket on a free loopback port, for a server process to inherit."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(511)
+        sock.setblocking(False)  # as nginx's own listening sockets are
+        yield sock
+
+
 @pytest.fixture
 def nginx(tmp_path: Path, server_pem: Path) -> Iterator[str]:
     """nginx 1.22 terminating TLS + HTTP/2 in front of the HTTP/1.1 test server."""
     binary = _need("nginx")
-    # both servers at real-time priority (the upstream in its own process, nginx asking for
-    # it as it starts), so the host's other processes cannot delay what they answer
-    with LLMServer(prefill=0.01, tokens=4).run_in_subprocess() as upstream:
-        port = _free_port()
+    # both servers at real-time priority (the upstream in its own process, nginx's master set
+    # before it starts and its worker inheriting it), so the host's other processes cannot
+    # delay what they answer
+    with LLMServer(prefill=0.01, tokens=4).run_in_subprocess() as upstream, _listener() as sock:
+        port = sock.getsockname()[1]
         conf = tmp_path / "nginx.conf"
         conf.write_text(
             f"""
-            daemon off; master_process off; pid {tmp_path}/nginx.pid;
+            daemon off; master_process on; worker_processes 1; pid {tmp_path}/nginx.pid;
             error_log {tmp_path}/error.log warn;
             events {{}}
             http {{
@@ -289,25 +298,22 @@ def nginx(tmp_path: Path, server_pem: Path) -> Iterator[str]:
             }}
             """
         )
-        proc = subprocess.Popen([binary, "-p", str(tmp_path), "-c", str(conf)], preexec_fn=realtime)
+        # nginx takes over our listening socket (``NGINX=fd;``, its binary-upgrade hand-over):
+        # a connection made before nginx is up waits in the socket's backlog, not refused, so
+        # nothing has to wait for nginx to start listening; once it runs, the socket is its own
+        fd = sock.fileno()
+        proc = subprocess.Popen(
+            [binary, "-p", str(tmp_path), "-c", str(conf)],
+            preexec_fn=realtime,
+            pass_fds=(fd,),
+            env={**os.environ, "NGINX": f"{fd};"},
+        )
+        sock.close()  # nginx holds it now: if nginx exits, connections are refused
         try:
-            _wait_for_port(port, proc)
             yield f"https://localhost:{port}"
         finally:
             proc.terminate()
             proc.wait(5)
-
-
-def _wait_for_port(port: int, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, "nginx exited at start"
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
-        except OSError:
-            time.sleep(0.02)
-    raise AssertionError("nginx did not start listening")
 
 
 def _curl_setup_time(curl: str, port: int, cafile: Path) -> tuple[float, set[str]]:
@@ -342,11 +348,11 @@ async def test_nginx_http2_and_curl_agree(nginx: str, ca: TestCA, tmp_path: Path
     ours: list[la.Waterfall] = []
     curl_versions: set[str] = set()
     async with la.Client(ssl=ca.client_context()) as client:  # warm, like curl's 2nd connection
-        await client.request(url, json=_body())
+        await client.request(url, json=chat_body())
     with TcpDump(f"tcp port {port}") as capture:
         for _ in range(10):
             async with la.Client(ssl=ca.client_context()) as client:
-                ours.append(_check(await client.request(url, json=_body())))
+                ours.append(_check(await client.request(url, json=chat_body())))
             curl_versions |= _curl_setup_time(curl, port, cafile)[1]
     assert all(wf.ok and wf.http_version == "2" for wf in ours), [wf.error for wf in ours]
     assert all(wf.output_tokens == 4 and wf.tls and wf.tls.alpn == "h2" for wf in ours)
@@ -372,16 +378,21 @@ async def test_waiters_on_a_dial_that_chose_http11_do_not_queue_behind_its_body(
     ca: TestCA,
 ) -> None:
     """http2=None, a fresh HTTPS origin that speaks only HTTP/1.1: the request waiting for the
-    first dial learns 'HTTP/1.1' at the handshake, not after the first response's last byte."""
+    first dial learns 'HTTP/1.1' at the handshake, not after the first response's last byte.
+
+    Truth: the server's log. The later request reached the server while the earlier one was
+    still streaming (its 0.25 s of decode), so it did not wait for that body.
+    """
     server = LLMServer(ssl=ca.server_context(alpn=("http/1.1",)), decode=0.05, tokens=6)
     async with server, la.Client(server.url, ssl=ca.client_context()) as client:
         first, second = await asyncio.gather(
-            client.request("/v1/chat/completions", json=_body()),
-            client.request("/v1/chat/completions", json=_body()),
+            client.request("/v1/chat/completions", json=chat_body()),
+            client.request("/v1/chat/completions", json=chat_body()),
         )
     for wf in (first, second):
         assert _check(wf).ok and wf.http_version == "1.1"
-    assert second.attribution()["pool_wait"] < 0.05  # not the first's ~0.25 s stream
+    earlier, later = sorted(server.records, key=lambda r: r.received_ns)
+    assert later.received_ns < earlier.chunk_ns[-1]
     assert sum(s.name == "pool_wait" for s in second.root.children) == 1
 
 
@@ -402,19 +413,34 @@ class _StubTransport(asyncio.Transport):
         return 0
 
 
+class _Queue(deque[asyncio.Future[None]]):
+    """A connection's queue of slot waiters that says when ``n`` are in it."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.full = asyncio.Event()
+        self._n = n
+
+    def append(self, waiter: asyncio.Future[None]) -> None:
+        super().append(waiter)
+        if len(self) >= self._n:
+            self.full.set()
+
+
 async def test_a_cancelled_slot_waiter_passes_its_wake_up_on() -> None:
     """One slot, two waiters: the stream ends and the first waiter is cancelled in the same
     loop step; the second must get the slot, not wait for its own timeout."""
     from latency_analyzer.capture.http2 import H2Connection
 
     class OneSlot(H2Connection):
-        max_streams = 1  # type: ignore[assignment]
+        max_streams = 1  # type: ignore[assignment]  # a property in the base class, a constant here
 
     conn = OneSlot(_StubTransport(), None, None)
-    conn._streams[1] = object()  # type: ignore[assignment]
+    conn._streams[1] = object()  # type: ignore[assignment]  # a stand-in: only the count of streams matters
+    queue = conn._slot_waiters = _Queue(2)
     first = asyncio.create_task(conn.acquire_slot())
     second = asyncio.create_task(conn.acquire_slot())
-    await asyncio.sleep(0)
+    await queue.full.wait()  # both wait for the slot
     conn._streams.pop(1)
     conn._wake_slot()
     first.cancel()

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import assert_exact
+from conftest import assert_exact, chat_body
 
 import latency_analyzer as la
 from latency_analyzer import Span
@@ -30,11 +30,6 @@ from latency_analyzer.timeline import Recorder, exclusive_ns
 ONE_WAY = 0.020
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 HEADERS, SETTINGS = 0x1, 0x4
-
-
-def _body(**testbed: object) -> dict[str, object]:
-    return {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}],
-            "testbed": testbed}  # fmt: skip
 
 
 # -- the attribution rule for a stage that runs alongside later ones --------------------------
@@ -228,7 +223,9 @@ async def test_the_first_request_leaves_before_the_servers_settings_arrive(
         async with DelayProxy(server.host, server.port, delay=ONE_WAY) as proxy:
             capture.start(proxy.port)
             async with la.Client(proxy.url, http2=True) as client:
-                wf = await client.request("/v1/chat/completions", json=_body())
+                wf = await client.request(
+                    "/v1/chat/completions", json=chat_body(include_usage=False)
+                )
             await asyncio.sleep(0.05)  # the capture has every segment written
     segments = capture.segments()
     assert_exact(wf)
@@ -256,7 +253,7 @@ async def test_a_body_sent_before_the_settings_survives_a_smaller_window() -> No
     """A 100 KB body goes out under the initial 64 KiB stream window; the server's SETTINGS,
     arriving later, shrink it to 16 KiB. h2 takes the difference off the open stream (its
     window goes negative), we wait for WINDOW_UPDATEs, and every byte arrives."""
-    body = _body()
+    body = chat_body(include_usage=False)
     body["messages"] = [{"role": "user", "content": "x" * 100_000}]
     async with H2LLMServer(tokens=2, initial_window_size=16384) as server:
         async with DelayProxy(server.host, server.port, delay=ONE_WAY) as proxy:

@@ -4,36 +4,14 @@ the pool and releases its socket."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
 from collections.abc import Iterator
 
 import pytest
-from conftest import assert_exact
+from conftest import assert_exact, chat_body, open_sockets
 
 import latency_analyzer as la
 from latency_analyzer.testing import H2LLMServer
-
-
-def _body(**testbed: object) -> dict[str, object]:
-    return {
-        "model": "m",
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        "messages": [{"role": "user", "content": "hi"}],
-        "testbed": testbed,
-    }
-
-
-def _sockets() -> set[str]:
-    """This process's open sockets (``/proc/self/fd`` links to ``socket:[inode]``)."""
-    fds = "/proc/self/fd"
-    links = []
-    for fd in os.listdir(fds):
-        with contextlib.suppress(FileNotFoundError):  # the listing's own fd, closed by now
-            links.append(os.readlink(f"{fds}/{fd}"))
-    return {link for link in links if link.startswith("socket:")}
 
 
 @pytest.fixture
@@ -42,9 +20,9 @@ def no_leak() -> Iterator[None]:
 
     The servers run in this process too; each test stops its server before it returns.
     """
-    before = _sockets()
+    before = open_sockets()
     yield
-    assert _sockets() - before == set()
+    assert open_sockets() - before == set()
 
 
 @pytest.fixture
@@ -64,16 +42,25 @@ async def test_a_response_that_breaks_its_parser_fails_only_its_stream(
     fault: str, kind: str | None, no_leak: None, loop_errors: list[str]
 ) -> None:
     """The bad stream fails with an error; its neighbours on the connection complete."""
+    opened: list[str] = []
+    neighbours_open = asyncio.Event()
+
+    def on_event(name: str, info: object) -> None:
+        if name == "capture.send.started":  # a stream is opened on the connection
+            opened.append(name)
+            if len(opened) == 3:
+                neighbours_open.set()
+
     async with H2LLMServer(decode=0.004, tokens=8) as server:
-        async with la.Client(server.url, http2=True) as client:
+        async with la.Client(server.url, http2=True, trace=on_event) as client:
             good = [
-                asyncio.ensure_future(client.request("/v1/chat/completions", json=_body()))
+                asyncio.ensure_future(client.request("/v1/chat/completions", json=chat_body()))
                 for _ in range(3)
             ]
-            await asyncio.sleep(0.01)  # the neighbours' streams are open on the connection
-            bad = await client.request("/v1/chat/completions", json=_body(h2_fault=fault))
+            await neighbours_open.wait()
+            bad = await client.request("/v1/chat/completions", json=chat_body(h2_fault=fault))
             neighbours = await asyncio.gather(*good)
-            after = await client.request("/v1/chat/completions", json=_body())
+            after = await client.request("/v1/chat/completions", json=chat_body())
     for wf in (bad, *neighbours, after):
         assert_exact(wf)
     assert not bad.ok
@@ -90,16 +77,18 @@ async def test_goaway_connections_close_and_none_outlives_the_client(no_leak: No
     once its last stream ends, and close() leaves no socket behind."""
     async with H2LLMServer(tokens=2) as server:
         open_during: list[int] = []
-        base = _sockets()
+        base = open_sockets()
         async with la.Client(server.url, http2=True) as client:
             for _ in range(30):
                 wf = await client.request(
-                    "/v1/chat/completions", json=_body(h2_fault="goaway", fault_after=0)
+                    "/v1/chat/completions", json=chat_body(h2_fault="goaway", fault_after=0)
                 )
                 assert_exact(wf)
                 assert wf.ok, wf.error
-                await asyncio.sleep(0)  # the close we started is handed to the loop
-                open_during.append(len(_sockets() - base))
+                # drained by the GOAWAY, the connection closes by itself: wait for it
+                for conn in list(client._h2._live):
+                    await asyncio.wait_for(conn.closed, 1.0)
+                open_during.append(len(open_sockets() - base))
         assert server.connections == 30
         # our end and the server's end of the connection in flight: at most one pair open
         assert max(open_during) <= 2, open_during
@@ -113,10 +102,10 @@ async def test_a_server_that_never_sends_settings_is_dropped_from_the_pool(
     async with H2LLMServer(send_settings=False) as server:
         async with la.Client(server.url, http2=True, timeout=5, h2_settle_timeout=0.2) as client:
             first, second = await asyncio.gather(
-                client.request("/v1/chat/completions", json=_body()),
-                client.request("/v1/chat/completions", json=_body()),
+                client.request("/v1/chat/completions", json=chat_body()),
+                client.request("/v1/chat/completions", json=chat_body()),
             )
-            later = await client.request("/v1/chat/completions", json=_body())
+            later = await client.request("/v1/chat/completions", json=chat_body())
     for wf in (first, second, later):
         assert_exact(wf)
         assert wf.error_type == "h2_setup", wf.error
@@ -130,10 +119,10 @@ async def test_a_connection_that_errs_leaves_the_pool(no_leak: None) -> None:
     async with H2LLMServer(decode=0.002, tokens=4) as server:
         async with la.Client(server.url, http2=True) as client:
             broken = await client.request(
-                "/v1/chat/completions", json=_body(h2_fault="close", fault_after=1)
+                "/v1/chat/completions", json=chat_body(h2_fault="close", fault_after=1)
             )
             pooled_after_fault = dict(client._h2._conns)
-            after = await client.request("/v1/chat/completions", json=_body())
+            after = await client.request("/v1/chat/completions", json=chat_body())
             pooled = list(client._h2._conns.values())
             assert len(pooled) == 1 and pooled[0].usable
     assert_exact(broken)

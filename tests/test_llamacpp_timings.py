@@ -92,8 +92,8 @@ async def test_timings_from_the_test_bed_land_around_the_servers_first_token() -
         assert a["server.status"] == MERGED and a["server.schema"] == SCHEMA
         assert a["server.placement"] == PLACED_BY_CLIENT
         assert_exact(merged)
-        prompt = round(float(a["timings.prompt_ms"]) * 1e6)  # type: ignore[arg-type]
-        predicted = round(float(a["timings.predicted_ms"]) * 1e6)  # type: ignore[arg-type]
+        prompt = round(float(a["timings.prompt_ms"]) * 1e6)  # type: ignore[arg-type]  # attribute values are a union
+        predicted = round(float(a["timings.predicted_ms"]) * 1e6)  # type: ignore[arg-type]  # attribute values are a union
         # the server's own durations, from its log, are what was merged
         assert predicted == rec.chunk_ns[-1] - rec.chunk_ns[0]
         assert prompt >= 30 * MS  # the first token is written no earlier than its deadline

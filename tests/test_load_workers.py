@@ -10,7 +10,6 @@ import asyncio
 import json
 import os
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -21,15 +20,10 @@ from latency_analyzer.analysis import WaterfallSet
 from latency_analyzer.cli import main
 from latency_analyzer.load import Scenario, run
 from latency_analyzer.load.distributed import DistributedResult, auto_workers, usable_cores
-from latency_analyzer.testing import LLMServer, SubprocessLLMServer
+from latency_analyzer.testing import SubprocessLLMServer
 
 CHAT = "/v1/chat/completions"
-
-
-@pytest.fixture(scope="module")
-def llm() -> Iterator[SubprocessLLMServer]:
-    with LLMServer(prefill=0.010, decode=0.002, tokens=8).run_in_subprocess() as s:
-        yield s
+LLM_KNOBS = {"prefill": 0.010, "decode": 0.002, "tokens": 8}
 
 
 def _rows(path: Path) -> list[dict[str, object]]:
@@ -126,4 +120,4 @@ def test_cli_run_with_workers_writes_one_merged_file(
     assert status == 0, capsys.readouterr().err
     rows = _rows(out)
     assert len(rows) == 12
-    assert {row["tags"]["worker"] for row in rows} == {0, 1}  # type: ignore[index]
+    assert {row["tags"]["worker"] for row in rows} == {0, 1}  # type: ignore[index]  # parsed JSON, typed as object

@@ -200,7 +200,6 @@ def _wire_waits(capture: PacketCapture, server_port: int) -> list[float]:
     return waits
 
 
-@pytest.mark.slow
 def test_headless_run_with_web_ui_page(server: SubprocessLLMServer, tmp_path: Path) -> None:
     """One local run: CSV rows, the run file and the web UI's page, against the truth."""
     (tmp_path / "lf.py").write_text(LOCUSTFILE)
@@ -267,7 +266,6 @@ def _fetch_page(url: str, until: str) -> str:
     raise AssertionError(f"{url} never showed {until!r}: {text[:500]!r}")
 
 
-@pytest.mark.slow
 def test_master_and_two_workers_merge_exactly(
     server: SubprocessLLMServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -308,7 +306,6 @@ def test_master_and_two_workers_merge_exactly(
     assert "ttft_p50" in capsys.readouterr().out
 
 
-@pytest.mark.slow
 def test_example_locustfile_runs(server: SubprocessLLMServer, tmp_path: Path) -> None:
     args = ["-f", ROOT / "examples" / "locustfile_mixed.py", "--host", server.url]
     args += ["--headless", "-u", "8", "-r", "8", "-t", "6s", "--csv", "out", "--la-out", "m.jsonl"]
@@ -346,7 +343,6 @@ class Killer(OpenAIUser):
 """
 
 
-@pytest.mark.slow
 def test_a_dead_engine_stops_the_run_and_loses_nothing_counted(
     server: SubprocessLLMServer, tmp_path: Path
 ) -> None:

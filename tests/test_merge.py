@@ -69,7 +69,7 @@ def test_stages_land_in_the_client_stages_they_fall_in(skew_ms: float) -> None:
     assert merged is not wf and wf.attributes.get("server.status") is None  # new waterfall
     assert merged.attributes["server.status"] == MERGED
     assert_exact(merged)
-    b = bracket(wf, stages)  # type: ignore[arg-type]
+    b = bracket(wf, stages)  # type: ignore[arg-type]  # map_request gave stages for this request
     assert b is not None and b.lo_ns <= round(skew_ms * MS) <= b.hi_ns
     a = merged.attribution()
     for name, expected in (("server_queue", 0.015), ("prefill", 0.040), ("decode", 0.095)):
@@ -105,7 +105,7 @@ def test_a_server_longer_than_the_client_saw_at_every_bound_fits_no_offset() -> 
     merged = merge(wf, map_request([dataclasses.replace(span, attributes=late)], CLIENT))
     assert merged.attributes["server.status"] == NO_OFFSET_FITS
     assert merged.root == wf.root  # nothing shifted outside its bracket
-    assert merged.attributes["server.bracket_lo_ns"] > merged.attributes["server.bracket_hi_ns"]  # type: ignore[operator]
+    assert merged.attributes["server.bracket_lo_ns"] > merged.attributes["server.bracket_hi_ns"]  # type: ignore[operator]  # attribute values are a union
     assert "contradicts every later bound" in str(merged.attributes["server.reason"])
 
 
@@ -114,7 +114,7 @@ def test_a_shared_offset_outside_the_requests_bracket_is_clamped_and_said() -> N
     far = ClockOffset(offset_ns=50 * MS, uncertainty_ns=10, lo_ns=50 * MS, hi_ns=50 * MS)
     merged = merge(_waterfall(), stages, far)
     assert merged.attributes["server.offset_clamped"] is True
-    b = bracket(_waterfall(), stages)  # type: ignore[arg-type]
+    b = bracket(_waterfall(), stages)  # type: ignore[arg-type]  # map_request gave stages for this request
     assert b is not None and merged.attributes["server.offset_ns"] == b.hi_ns
     assert_exact(merged)
 
@@ -137,7 +137,7 @@ def test_server_timing_is_centred_between_send_and_headers() -> None:
 async def test_server_timing_from_the_test_bed() -> None:
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     knobs = {"queue": 0.015, "prefill": 0.040, "decode": 0.005, "tokens": 20}
-    with LLMServer(server_timing=True, **knobs).run_in_subprocess() as llm:  # type: ignore[arg-type]
+    with LLMServer(server_timing=True, **knobs).run_in_subprocess() as llm:  # type: ignore[arg-type]  # knobs: a dict of floats for keyword arguments of mixed types
         async with la.Client(llm.url) as client:
             wf = await client.request("/v1/chat/completions", json=body)
         header = llm.records[0].server_timing
@@ -165,7 +165,7 @@ async def test_in_process_spans_and_the_grace_period() -> None:
         kind=SpanKind.SERVER,
         start_time=template.start_ns,
     )
-    span.set_attributes(dict(template.attributes))  # type: ignore[arg-type]
+    span.set_attributes(dict(template.attributes))  # type: ignore[arg-type]  # OTel's attribute type is narrower than ours
     span.end(end_time=template.end_ns)
     started = time.perf_counter()
     [merged] = await amerge([wf], store, grace=5.0)

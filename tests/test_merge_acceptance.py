@@ -121,6 +121,6 @@ async def test_the_merged_tree_nests_server_stages_in_client_stages() -> None:
     # the server decode sits where the server produced it: within the uncertainty (+ slack)
     record = max(records, key=lambda r: r.received_ns)
     server_decode = [c for s in wf.root.children for c in s.children if c.name == "decode"]
-    margin = int(wf.attributes["server.offset_uncertainty_ns"]) + ANCHOR_SLACK_NS  # type: ignore[arg-type]
+    margin = int(wf.attributes["server.offset_uncertainty_ns"]) + ANCHOR_SLACK_NS  # type: ignore[arg-type]  # attribute values are a union
     assert abs(server_decode[0].start_ns - record.chunk_ns[0]) <= margin
     assert abs(server_decode[-1].end_ns - record.chunk_ns[-1]) <= margin

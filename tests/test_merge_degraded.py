@@ -81,7 +81,7 @@ def test_a_done_stamp_after_the_last_byte_keeps_the_stages_and_says_by_how_much(
     assert a["server.contradicted.done_ns"] == 1_850_000
     # honest uncertainty: widened from the bracket's half width (0.65 ms) to reach the bound
     assert a["server.offset_uncertainty_ns"] == 1_850_000
-    assert abs(a["server.offset_ns"] - OFFSET) <= a["server.offset_uncertainty_ns"]  # type: ignore[operator]
+    assert abs(a["server.offset_ns"] - OFFSET) <= a["server.offset_uncertainty_ns"]  # type: ignore[operator]  # attribute values are a union
     assert (a["server.bracket_lo_ns"], a["server.bracket_hi_ns"]) == (
         OFFSET - 1 * MS,
         OFFSET + 300_000,

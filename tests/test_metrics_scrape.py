@@ -54,7 +54,7 @@ class Stub:
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]  # a started site has a server
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -335,11 +335,21 @@ async def test_the_hook_alone_starts_and_stops_the_scraper(stub: Stub) -> None:
 
 
 async def test_a_run_that_ends_while_the_hooks_parser_starts_leaves_no_process(
-    stub: Stub,
+    stub: Stub, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from latency_analyzer.metrics._worker import ProcessParser
+
+    spawned = asyncio.Event()  # the parser process runs; its first answer (imports done) is due
+    first_parse = ProcessParser.parse
+
+    async def parse(self: ProcessParser, text: str, ctype: str | None) -> object:
+        spawned.set()
+        return await first_parse(self, text, ctype)
+
+    monkeypatch.setattr(ProcessParser, "parse", parse)
     scraper = Scraper(Target(stub.url("/vllm"), name="vllm"), interval=0.1)
     hook = asyncio.create_task(scraper.hook(0))
-    await asyncio.sleep(0.05)  # the parser process is spawned, its imports not done
+    await spawned.wait()
     assert scraper._pool is not None
     hook.cancel()
     with contextlib.suppress(asyncio.CancelledError):

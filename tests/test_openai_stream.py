@@ -377,4 +377,4 @@ def test_carries_token_property() -> None:
 def test_events_are_frozen() -> None:
     event: Sequence[Event] = [StreamDone(1)]
     with pytest.raises(AttributeError):
-        event[0].time_ns = 2  # type: ignore[misc]
+        event[0].time_ns = 2  # type: ignore[misc]  # frozen: the point of the check

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
 import sys
 import time
@@ -238,9 +239,9 @@ def test_exports_speedscope_and_collapsed_per_stage(tmp_path: Path) -> None:
     ]
     doc = speedscope([profile])
     assert doc["$schema"] == "https://www.speedscope.app/file-format-schema.json"
-    (prof,) = doc["profiles"]  # type: ignore[misc]
+    (prof,) = doc["profiles"]  # type: ignore[misc]  # the document's values are typed as object
     assert prof["type"] == "sampled" and prof["weights"] == [20_000, 10_000]
-    frames = doc["shared"]["frames"]  # type: ignore[index]
+    frames = doc["shared"]["frames"]  # type: ignore[index]  # the document's values are typed as object
     assert [frames[i]["name"] for i in prof["samples"][1]] == ["main", "work"]
     files = export_stages([profile], tmp_path / "flame", fmt="collapsed")
     assert [f.name for f in files] == ["decode.collapsed"]
@@ -315,10 +316,25 @@ def test_missing_pid_degrades_with_a_note() -> None:
 
 
 def test_target_exiting_mid_run_is_noted(tmp_path: Path) -> None:
-    script = "import time\nt=time.perf_counter()+0.8\nwhile time.perf_counter()<t: pass\n"
-    with Profiler(command=[sys.executable, "-c", script], rate=50) as prof:
-        time.sleep(1.5)
+    """A target that spins 0.8 s and exits while py-spy samples it at 50 Hz.
+
+    The target ran at least 0.8 s, 40 samples' worth. py-spy samples on its own timer: a host
+    too busy to give it its turns on time loses some (half is the floor held here), and it
+    catches up on late ones, so its count can pass rate × its run by a few (a quarter is
+    the ceiling held here).
+    """
+    spin, rate = 0.8, 50
+    script = f"import time\nt=time.perf_counter()+{spin}\nwhile time.perf_counter()<t: pass\n"
+    with Profiler(command=[sys.executable, "-c", script], rate=rate) as prof:
+        target = prof.target_pid
+        assert target is not None
+        exited = os.pidfd_open(target)  # readable once the target has exited
+        try:
+            assert select.select([exited], [], [], 10)[0], "the target did not exit"
+        finally:
+            os.close(exited)
     result = prof.result
     assert result.ok and result.target_exited
     assert result.note is not None and "exited" in result.note
-    assert result.samples is not None and result.samples > 0
+    assert result.samples is not None and result.wall_s is not None
+    assert rate * spin / 2 <= result.samples <= 1.25 * rate * result.wall_s

@@ -15,7 +15,7 @@ import inspect
 import json
 import math
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -38,13 +38,15 @@ from latency_analyzer.pytest_plugin._check import evaluate
 from latency_analyzer.pytest_plugin._output import failure_text
 from latency_analyzer.pytest_plugin._session import worker_path
 from latency_analyzer.pytest_plugin._stats import percentile
-from latency_analyzer.testing import LLMServer, SubprocessLLMServer
+from latency_analyzer.testing import SubprocessLLMServer
 
 pytest_plugins = ["pytester"]
 
 PLUGIN = "latency_analyzer.pytest_plugin"
 MS = 1_000_000
 PREFILL = 0.050
+# the module's LLM server: its own process, so the 50 ms prefill is exact whatever this one does
+LLM_KNOBS = {"prefill": PREFILL, "decode": 0.001, "tokens": 4}
 
 
 def make_waterfall(
@@ -384,13 +386,6 @@ def _read_report(path: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     summary = json.loads(Path(f"{path}.summary.json").read_text())
     return lines, summary
-
-
-@pytest.fixture(scope="module")
-def llm() -> Iterator[SubprocessLLMServer]:
-    """Its own process: the 50 ms prefill is exact whatever this process is doing."""
-    with LLMServer(prefill=PREFILL, decode=0.001, tokens=4).run_in_subprocess() as server:
-        yield server
 
 
 ACCEPTANCE = """

@@ -138,7 +138,7 @@ def test_har_timings_follow_the_har_rules(wfs: list[Waterfall]) -> None:
 def test_har_carries_llm_metrics_and_version_stamp(wfs: list[Waterfall]) -> None:
     doc = to_har(wfs, created=CREATED)
     la = doc["log"]["entries"][0]["_latency_analyzer"]
-    assert la["ttft_ms"] == pytest.approx(wfs[0].ttft * 1e3)  # type: ignore[operator]
+    assert la["ttft_ms"] == pytest.approx(wfs[0].ttft * 1e3)  # type: ignore[operator]  # the wfs fixture's first request has a ttft
     assert la["itl_ms"] == [10.0, 12.0, 9.5, 10.5]
     assert la["stages_ms"]["prefill"] == 40.0 and la["stages_ms"]["server_queue"] == 20.0
     assert doc["log"]["_latency_analyzer"]["created_utc"] == "2025-01-02T03:04:05.678901Z"

@@ -209,7 +209,7 @@ def test_rich_set_table() -> None:
     assert table.row_count == len(ws.metric_names())
     console = Console(file=io.StringIO(), width=120, color_system=None)
     console.print(table)
-    out = console.file.getvalue()  # type: ignore[attr-defined]
+    out = console.file.getvalue()  # type: ignore[attr-defined]  # the console's file is the StringIO given above
     assert "P95 ms" in out and "P99 ms" in out and "first_token" in out
     assert len(table.columns) == 7 and all(len(c._cells) == table.row_count for c in table.columns)
 

@@ -114,7 +114,6 @@ def _sojourn_by_step(ws: WaterfallSet, records: list[RequestRecord]) -> dict[int
     return out
 
 
-@pytest.mark.slow
 @pytest.mark.usefixtures("realtime")
 def test_search_finds_the_md1_rate_within_10_percent(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]

@@ -74,7 +74,7 @@ def test_otlp_json_reads_hex_ids_not_base64() -> None:
     from_json = decode_otlp_json(json.dumps(data).encode())
     assert from_json == decode_otlp(REQUEST_SPANS, PROTOBUF)
     # timestamps as strings, as the spec's JSON mapping writes 64-bit integers
-    span = data["resourceSpans"][0]["scopeSpans"][0]["spans"][0]  # type: ignore[index]
+    span = data["resourceSpans"][0]["scopeSpans"][0]["spans"][0]  # type: ignore[index]  # parsed JSON, typed as object
     assert isinstance(span["startTimeUnixNano"], str)
 
 

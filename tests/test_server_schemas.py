@@ -40,11 +40,11 @@ def _span(
         T0 + round(end_ms * MS),
         "server",
         attrs,
-    )  # type: ignore[arg-type]
+    )  # type: ignore[arg-type]  # test attributes given as **object
 
 
 def _layout(stages: object) -> list[tuple[str, int, int]]:
-    return [(s.name, s.start_ns - T0, s.end_ns - T0) for s in stages.stages]  # type: ignore[attr-defined]
+    return [(s.name, s.start_ns - T0, s.end_ns - T0) for s in stages.stages]  # type: ignore[attr-defined]  # whichever schema's result, all have .stages
 
 
 def test_vllm_real_spans_derive_the_five_stages() -> None:

@@ -10,11 +10,11 @@ import asyncio
 import http.client
 import itertools
 import json
+import os
 import socket
 import ssl
 import statistics
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ from latency_analyzer.testing import (
 TOLERANCE_NS = 500_000
 CHAT = "/v1/chat/completions"
 MS = 1_000_000
+LLM_KNOBS = {"tokens": 4}  # each test's own server (llm_in_process)
 
 
 def test_public_names_are_pinned() -> None:
@@ -116,18 +117,12 @@ def _content(events: list[str]) -> str:
     return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
 
 
-@pytest.fixture
-async def llm() -> AsyncIterator[LLMServer]:
-    async with LLMServer(tokens=4) as server:
-        yield server
-
-
 # --- LLM server: framing ---------------------------------------------------------------
 
 
-async def test_chat_stream_has_role_chunk_tokens_usage_and_done(llm: LLMServer) -> None:
+async def test_chat_stream_has_role_chunk_tokens_usage_and_done(llm_in_process: LLMServer) -> None:
     body = _chat_body(stream_options={"include_usage": True})
-    events = await _stream(llm.url, body)
+    events = await _stream(llm_in_process.url, body)
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
@@ -141,49 +136,49 @@ async def test_chat_stream_has_role_chunk_tokens_usage_and_done(llm: LLMServer) 
     assert chunks[5]["usage"] == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
 
 
-async def test_usage_chunk_only_when_requested(llm: LLMServer) -> None:
-    events = await _stream(llm.url, _chat_body())
+async def test_usage_chunk_only_when_requested(llm_in_process: LLMServer) -> None:
+    events = await _stream(llm_in_process.url, _chat_body())
     assert all("usage" not in json.loads(e) for e in events[:-1])
     assert len(_content(events).split()) == 4
 
 
-async def test_completions_stream_uses_text(llm: LLMServer) -> None:
+async def test_completions_stream_uses_text(llm_in_process: LLMServer) -> None:
     body = {"model": "m", "prompt": "hi", "stream": True, "max_tokens": 3}
-    events = await _stream(llm.url, body, "/v1/completions")
+    events = await _stream(llm_in_process.url, body, "/v1/completions")
     chunks = [json.loads(e) for e in events[:-1]]
     assert [c["choices"][0]["text"] for c in chunks] == [token_text(i) for i in range(3)]
     assert {c["object"] for c in chunks} == {"text_completion"}
 
 
-async def test_non_stream_body_has_message_and_usage(llm: LLMServer) -> None:
+async def test_non_stream_body_has_message_and_usage(llm_in_process: LLMServer) -> None:
     async with (
         aiohttp.ClientSession() as session,
-        session.post(llm.url + CHAT, json=_chat_body(stream=False)) as resp,
+        session.post(llm_in_process.url + CHAT, json=_chat_body(stream=False)) as resp,
     ):
         body = await resp.json()
     assert body["object"] == "chat.completion"
     assert body["choices"][0]["message"]["content"].split() == [f"tok000{i}" for i in range(4)]
     assert body["usage"]["completion_tokens"] == 4
-    assert llm.records[0].chunk_tokens == (4,)
+    assert llm_in_process.records[0].chunk_tokens == (4,)
 
 
-async def test_per_request_override_and_max_tokens(llm: LLMServer) -> None:
-    events = await _stream(llm.url, _chat_body(max_tokens=7))
+async def test_per_request_override_and_max_tokens(llm_in_process: LLMServer) -> None:
+    events = await _stream(llm_in_process.url, _chat_body(max_tokens=7))
     assert len(_content(events).split()) == 7
     body = _chat_body(testbed={"tokens": 5, "tokens_per_chunk": 2, "role_chunk": False})
-    events = await _stream(llm.url, body)
+    events = await _stream(llm_in_process.url, body)
     chunks = [json.loads(e) for e in events[:-1]]
     assert [c["choices"][0]["delta"]["content"] for c in chunks] == [
         token_text(0) + token_text(1),
         token_text(2) + token_text(3),
         token_text(4),
     ]
-    assert llm.records[1].behavior.tokens_per_chunk == 2
-    assert llm.records[1].chunk_tokens == (2, 2, 1)
+    assert llm_in_process.records[1].behavior.tokens_per_chunk == 2
+    assert llm_in_process.records[1].chunk_tokens == (2, 2, 1)
 
 
-async def test_reasoning_tokens_go_to_reasoning_content(llm: LLMServer) -> None:
-    events = await _stream(llm.url, _chat_body(testbed={"reasoning_tokens": 2}))
+async def test_reasoning_tokens_go_to_reasoning_content(llm_in_process: LLMServer) -> None:
+    events = await _stream(llm_in_process.url, _chat_body(testbed={"reasoning_tokens": 2}))
     deltas = [json.loads(e)["choices"][0]["delta"] for e in events[1:-1]]
     assert [d.get("reasoning_content") for d in deltas] == [token_text(0), token_text(1)] + [
         None
@@ -191,9 +186,12 @@ async def test_reasoning_tokens_go_to_reasoning_content(llm: LLMServer) -> None:
     assert [d.get("content") for d in deltas[2:]] == [token_text(2), token_text(3)]
 
 
-async def test_unknown_knob_is_a_400_with_vllm_error_shape(llm: LLMServer) -> None:
+async def test_unknown_knob_is_a_400_with_vllm_error_shape(llm_in_process: LLMServer) -> None:
     body = _chat_body(testbed={"prefil": 0.1})
-    async with aiohttp.ClientSession() as session, session.post(llm.url + CHAT, json=body) as r:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(llm_in_process.url + CHAT, json=body) as r,
+    ):
         assert r.status == 400
         error = await r.json()
     assert error["object"] == "error"
@@ -202,11 +200,11 @@ async def test_unknown_knob_is_a_400_with_vllm_error_shape(llm: LLMServer) -> No
     assert "prefil" in error["message"]
 
 
-async def test_health_and_models(llm: LLMServer) -> None:
+async def test_health_and_models(llm_in_process: LLMServer) -> None:
     async with aiohttp.ClientSession() as session:
-        async with session.get(llm.url + "/health") as r:
+        async with session.get(llm_in_process.url + "/health") as r:
             assert r.status == 200
-        async with session.get(llm.url + "/v1/models") as r:
+        async with session.get(llm_in_process.url + "/v1/models") as r:
             assert (await r.json())["data"][0]["id"] == "testbed-model"
 
 
@@ -273,21 +271,21 @@ def _fault(fault: str, **knobs: Any) -> dict[str, Any]:
     return _chat_body(testbed={"fault": fault, **knobs})
 
 
-async def test_fault_reset_sends_an_rst_after_fault_after_tokens(llm: LLMServer) -> None:
+async def test_fault_reset_sends_an_rst_after_fault_after_tokens(llm_in_process: LLMServer) -> None:
     with pytest.raises(ConnectionResetError):
-        await _raw_exchange(llm.port, _fault("reset", fault_after=2))
-    assert llm.records[0].chunk_tokens == (1, 1)
+        await _raw_exchange(llm_in_process.port, _fault("reset", fault_after=2))
+    assert llm_in_process.records[0].chunk_tokens == (1, 1)
 
 
-async def test_fault_truncate_ends_cleanly_without_done(llm: LLMServer) -> None:
-    data = await _raw_exchange(llm.port, _fault("truncate", fault_after=3))
+async def test_fault_truncate_ends_cleanly_without_done(llm_in_process: LLMServer) -> None:
+    data = await _raw_exchange(llm_in_process.port, _fault("truncate", fault_after=3))
     assert data.endswith(b"0\r\n\r\n")  # the chunked body is properly terminated
     assert data.count(b"tok000") == 3
     assert b"[DONE]" not in data
 
 
-async def test_fault_malformed_corrupts_one_chunk_and_continues(llm: LLMServer) -> None:
-    events = await _stream(llm.url, _fault("malformed", fault_after=1))
+async def test_fault_malformed_corrupts_one_chunk_and_continues(llm_in_process: LLMServer) -> None:
+    events = await _stream(llm_in_process.url, _fault("malformed", fault_after=1))
     assert events[-1] == "[DONE]"
     bad = []
     for event in events[:-1]:
@@ -303,17 +301,20 @@ async def test_fault_malformed_corrupts_one_chunk_and_continues(llm: LLMServer) 
     ]
 
 
-async def test_fault_stream_error_sends_error_event_then_done(llm: LLMServer) -> None:
-    events = await _stream(llm.url, _fault("stream_error", fault_after=2))
+async def test_fault_stream_error_sends_error_event_then_done(llm_in_process: LLMServer) -> None:
+    events = await _stream(llm_in_process.url, _fault("stream_error", fault_after=2))
     assert events[-1] == "[DONE]"
     error = json.loads(events[-2])["error"]
     assert (error["object"], error["code"]) == ("error", 500)
     assert len(_content(events[:-2]).split()) == 2
 
 
-async def test_fault_http_error(llm: LLMServer) -> None:
+async def test_fault_http_error(llm_in_process: LLMServer) -> None:
     body = _fault("http_error", fault_status=429)
-    async with aiohttp.ClientSession() as session, session.post(llm.url + CHAT, json=body) as r:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(llm_in_process.url + CHAT, json=body) as r,
+    ):
         assert r.status == 429
         error = await r.json()
     assert set(error) == {"object", "message", "type", "param", "code"}
@@ -331,11 +332,11 @@ async def test_fault_hang_never_answers() -> None:
     assert server.records[0].headers_ns is None
 
 
-async def test_fault_close_before_headers(llm: LLMServer) -> None:
-    assert await _raw_exchange(llm.port, _fault("close_before_headers")) == b""
+async def test_fault_close_before_headers(llm_in_process: LLMServer) -> None:
+    assert await _raw_exchange(llm_in_process.port, _fault("close_before_headers")) == b""
     async with aiohttp.ClientSession() as session:
         with pytest.raises(aiohttp.ServerDisconnectedError):
-            async with session.post(llm.url + CHAT, json=_fault("close_before_headers")):
+            async with session.post(llm_in_process.url + CHAT, json=_fault("close_before_headers")):
                 pass
 
 
@@ -362,7 +363,8 @@ def test_run_in_thread_serves_sync_clients() -> None:
 
 def test_run_in_subprocess_records_timing_and_dies_on_kill() -> None:
     with LLMServer(prefill=0.020, decode=0.005, tokens=5).run_in_subprocess() as server:
-        assert server.pid > 0
+        stat = Path(f"/proc/{server.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        assert int(stat[1]) == os.getpid()  # a process of its own, this one's child
         before = time.perf_counter_ns()
         for _ in range(3):
             assert _sync_stream(server.port, _chat_body()).count(b"tok000") == 5
@@ -371,7 +373,9 @@ def test_run_in_subprocess_records_timing_and_dies_on_kill() -> None:
         first = [r.chunk_ns[0] - r.received_ns for r in records]
         assert abs(statistics.median(first) - 20 * MS) < TOLERANCE_NS
         assert server.connections == 3
+        pid = server.pid
         server.kill()
+        assert not Path(f"/proc/{pid}").exists()  # killed and reaped
         with pytest.raises(ConnectionRefusedError):
             socket.create_connection(("127.0.0.1", server.port), timeout=1).close()
 

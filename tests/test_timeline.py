@@ -170,9 +170,9 @@ def test_attribution_sums_to_root_duration_for_any_tree(root: Span) -> None:
 def test_span_is_immutable_and_validated() -> None:
     span = Span("dns", 0, 5, attributes={"k": 1})
     with pytest.raises(AttributeError):
-        span.name = "tls"  # type: ignore[misc]
+        span.name = "tls"  # type: ignore[misc]  # frozen: the point of the check
     with pytest.raises(TypeError):
-        span.attributes["k"] = 2  # type: ignore[index]
+        span.attributes["k"] = 2  # type: ignore[index]  # read-only mapping: the point of the check
     with pytest.raises(UsageError):
         Span("dns", 5, 1)
 

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import assert_exact
+from conftest import assert_exact, chat_body
 
 import latency_analyzer as la
 from latency_analyzer.capture._wire import kernel_stamps_supported
@@ -37,23 +37,13 @@ pytestmark = pytest.mark.skipif(
 )
 
 HEADER_DELAY, PREFILL, DECODE, TOKENS = 0.010, 0.015, 0.004, 8
+LLM_KNOBS = {"header_delay": HEADER_DELAY, "prefill": PREFILL, "decode": DECODE, "tokens": TOKENS}
 _EVENT = re.compile(rb"data: ([^\n]*)\n\n")
 
 
 @pytest.fixture(autouse=True)
 def _tcpdump() -> None:
     require_tcpdump()
-
-
-@pytest.fixture(scope="module")
-def llm() -> Iterator[SubprocessLLMServer]:
-    server = LLMServer(header_delay=HEADER_DELAY, prefill=PREFILL, decode=DECODE, tokens=TOKENS)
-    with server.run_in_subprocess() as s:
-        yield s
-
-
-def _body(**testbed: object) -> dict[str, object]:
-    return {"model": "m", "stream": True, "messages": [], "testbed": testbed}
 
 
 def _perf(epoch_ns: int) -> int:
@@ -80,7 +70,10 @@ def _content_ends(flow: Flow) -> tuple[int, list[int]]:
 async def _cold_series(url: str, n: int, **testbed: object) -> list[la.Waterfall]:
     async with la.Client(url, keepalive=False) as client:
         out = [
-            await client.request("/v1/chat/completions", json=_body(**testbed)) for _ in range(n)
+            await client.request(
+                "/v1/chat/completions", json=chat_body(include_usage=False, **testbed)
+            )
+            for _ in range(n)
         ]
     for wf in out:
         assert wf.ok, wf.error
@@ -191,7 +184,10 @@ async def test_tls_done_matches_the_capture(ca: TestCA, server_pem: Path) -> Non
         with PacketCapture(llm.port) as cap:
             async with la.Client(llm.url, ssl=ca.client_context(), keepalive=False) as client:
                 wfs = [
-                    await client.request("/v1/chat/completions", json=_body()) for _ in range(20)
+                    await client.request(
+                        "/v1/chat/completions", json=chat_body(include_usage=False)
+                    )
+                    for _ in range(20)
                 ]
     flows = cap.flows()
     assert len(flows) == len(wfs)
@@ -295,7 +291,7 @@ async def test_100_concurrent_streams_token_stamps_and_ttft_wire() -> None:
             async with la.Client(llm.url, limit=STREAMS) as client:
 
                 async def one(i: int) -> la.Waterfall:
-                    body = _body()
+                    body = chat_body(include_usage=False)
                     body["messages"] = [{"role": "user", "content": f"stream-{i}"}]
                     return await client.request("/v1/chat/completions", json=body)
 
@@ -366,7 +362,9 @@ async def test_tokens_read_together_are_flagged_and_stamped_with_the_reads_end(
         async with la.Client(llm.url, keepalive=False) as client:
             wfs = []
             for _ in range(3):
-                task = asyncio.create_task(client.request("/v1/chat/completions", json=_body()))
+                task = asyncio.create_task(
+                    client.request("/v1/chat/completions", json=chat_body(include_usage=False))
+                )
                 await asyncio.sleep(HEADER_DELAY + PREFILL + 0.002)
                 time.sleep(0.015)  # the event loop is held: bytes wait in the kernel
                 wfs.append(await task)
@@ -398,7 +396,10 @@ async def test_http2_frames_carry_the_kernel_stamps_of_their_reads() -> None:
         with PacketCapture(h2.port) as cap:
             async with la.Client(h2.url, http2=True) as client:
                 wfs = [
-                    await client.request("/v1/chat/completions", json=_body()) for _ in range(10)
+                    await client.request(
+                        "/v1/chat/completions", json=chat_body(include_usage=False)
+                    )
+                    for _ in range(10)
                 ]
     (flow,) = cap.flows()
     data = flow.data("in")

@@ -22,16 +22,16 @@ Locust (and gevent's monkey-patching with it) loads only when a name below is fi
 the engine process imports this package without them.
 """
 
-from typing import TYPE_CHECKING, Any
+import typing
 
-if TYPE_CHECKING:
+if typing.TYPE_CHECKING:
     from ._run import WaterfallFailed
     from ._user import LatencyClient, LatencyUser, OpenAIUser
 
 __all__ = ["LatencyClient", "LatencyUser", "OpenAIUser", "WaterfallFailed"]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name in __all__:
         try:
             from . import _user

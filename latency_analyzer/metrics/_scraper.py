@@ -122,7 +122,6 @@ class Scraper:
         self._pool: ProcessParser | ThreadParser | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._pending: dict[str, list[asyncio.Future[None]]] = {t.label: [] for t in self.targets}
-        self._started_by_hook = False
 
     # -- lifecycle ------------------------------------------------------------------------
     @property

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -231,11 +231,3 @@ def _apply(
         if state.stack[index] == frame:
             del state.stack[index:]
             return
-
-
-def merged_stacks(segments: Iterable[Segment]) -> dict[tuple[Frame, ...], int]:
-    """Microseconds per distinct stack (handy for a quick look in a REPL)."""
-    out: dict[tuple[Frame, ...], int] = {}
-    for seg in segments:
-        out[seg.stack] = out.get(seg.stack, 0) + seg.end_us - seg.start_us
-    return out

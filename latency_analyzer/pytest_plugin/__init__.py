@@ -19,26 +19,26 @@ Hooks stay thin: each hands over to the ``BudgetSession`` in ``config.stash``.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Generator
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+import pathlib
+import typing
 
 import pytest
 
-from .._budget_keys import valid_keys_text
-from ..errors import UsageError
-from ._budgets import parse_budget_lines
-from ._output import table_lines
-from ._session import MARKER, BudgetSession, worker_id
+from .. import _budget_keys, errors
+from . import _budgets, _output, _session
+from ._session import BudgetSession
 from ._stats import percentile
 
-if TYPE_CHECKING:
+if typing.TYPE_CHECKING:
+    from collections.abc import Generator
+    from typing import Any
+
     from ._fixture import LatencyFixture, RecordingClient
 
 __all__ = ["BudgetSession", "LatencyFixture", "RecordingClient", "latency", "percentile"]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     """``LatencyFixture`` and ``RecordingClient`` load the HTTP client: only on first use."""
     if name in ("LatencyFixture", "RecordingClient"):
         from . import _fixture
@@ -99,25 +99,25 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        f"{MARKER}(**budgets, allow_errors=False): fail a passing test whose requests, recorded "
-        "through the `latency` fixture, break a budget, e.g. ttft_p95='300ms', tls='20ms'. "
-        + valid_keys_text(),
+        f"{_session.MARKER}(**budgets, allow_errors=False): fail a passing test whose requests, "
+        "recorded through the `latency` fixture, break a budget, e.g. ttft_p95='300ms', "
+        "tls='20ms'. " + _budget_keys.valid_keys_text(),
     )
     try:
-        defaults = parse_budget_lines(config.getini("latency_budgets"))
-    except UsageError as exc:
+        defaults = _budgets.parse_budget_lines(config.getini("latency_budgets"))
+    except errors.UsageError as exc:
         raise pytest.UsageError(f"latency_budgets (ini): {exc}") from None
     report = config.getoption("latency_report")
     config.stash[_SESSION] = BudgetSession(
         defaults=defaults,
         scale=config.getoption("latency_budget_scale"),
-        report=None if report is None else config.invocation_params.dir / Path(report),
+        report=None if report is None else config.invocation_params.dir / pathlib.Path(report),
         no_fail=config.getoption("latency_no_fail"),
-        worker=worker_id(config),
+        worker=_session.worker_id(config),
     )
 
 
-def _session(config: pytest.Config) -> BudgetSession:
+def _budgets_of(config: pytest.Config) -> BudgetSession:
     return config.stash[_SESSION]
 
 
@@ -125,7 +125,7 @@ def _session(config: pytest.Config) -> BudgetSession:
 def pytest_make_collect_report(collector: pytest.Collector) -> Generator[None, Any, Any]:
     report: pytest.CollectReport = yield
     if report.passed:  # a bad budget fails its file's collection, like an unknown marker
-        error = _session(collector.config).check_collected(report.result)
+        error = _budgets_of(collector.config).check_collected(report.result)
         if error is not None:
             report.outcome = "failed"
             report.longrepr = error
@@ -140,8 +140,8 @@ def latency(request: pytest.FixtureRequest) -> LatencyFixture:
     ``latency.record(wf)``, ``latency.run(scenario)`` (with the load runner)."""
     item = request.node
     if not isinstance(item, pytest.Item):
-        raise UsageError("the latency fixture is function-scoped: use it in a test")
-    return _session(request.config).fixture_for(item)
+        raise errors.UsageError("the latency fixture is function-scoped: use it in a test")
+    return _budgets_of(request.config).fixture_for(item)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -150,14 +150,14 @@ def pytest_runtest_makereport(
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
     if call.when == "call":
-        _session(item.config).check(item, report)
+        _budgets_of(item.config).check(item, report)
     elif call.when == "teardown":
-        _session(item.config).finish_item(item)
+        _budgets_of(item.config).finish_item(item)
     return report
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    budgets = _session(session.config)
+    budgets = _budgets_of(session.config)
     budgets.finish()
     workeroutput = getattr(session.config, "workeroutput", None)
     if isinstance(workeroutput, dict):  # an xdist worker: hand results to the controller
@@ -169,15 +169,15 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
     """xdist controller: a worker finished; take its budget results and report part."""
     data = getattr(node, "workeroutput", {}).get("latency_analyzer")
     if data:
-        _session(node.config).add_worker_output(data)
+        _budgets_of(node.config).add_worker_output(data)
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    budgets = _session(config)
+    budgets = _budgets_of(config)
     if budgets.results:
         scale = "" if budgets.scale == 1 else f" (limits × {budgets.scale:g})"
         terminalreporter.write_sep("=", f"latency budgets{scale}")
-        for line in table_lines(budgets.results):
+        for line in _output.table_lines(budgets.results):
             terminalreporter.write_line(line)
     if budgets.report is not None:
         terminalreporter.write_line(

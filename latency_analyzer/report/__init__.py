@@ -20,9 +20,9 @@ pulls in neither numpy nor matplotlib. Every export is versioned and scrubbed of
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+import typing
 
-if TYPE_CHECKING:
+if typing.TYPE_CHECKING:
     from ._common import EXPORT_SCHEMA, scrub
     from .chrome_trace import to_chrome_trace, write_chrome_trace
     from .har import to_har, write_har
@@ -110,7 +110,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     module = _WHERE.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -115,7 +115,12 @@ class Recorder:
         self._open[name] = (t_ns, dict(attrs))
 
     def end(self, name: str, t_ns: int, **attrs: AttrValue) -> None:
-        """Close the open stage ``name`` at ``t_ns``, adding ``attrs``."""
+        """Close the open stage ``name`` at ``t_ns``, adding ``attrs``.
+
+        A ``t_ns`` before the stage's start closes it at its start (zero length), not an error:
+        an end read from the kernel (a TCP round trip, a socket's last write) can precede the
+        userspace instant that opened the stage.
+        """
         try:
             start, opened = self._open.pop(name)
         except KeyError:
