@@ -8,20 +8,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+import typing
 
-from .. import __version__
-from .._redact import redact_text
-from ..errors import RequestError, UsageError
-from .compare import add_compare_parser
-from .demo import add_demo_parser
-from .diagnose import add_diagnose_parser
-from .export import add_export_parser
-from .probe import add_probe_parser
-from .report import add_report_parser
-from .run import add_run_parser
-from .search import add_search_parser
-from .sweep import add_sweep_parser
+from .. import __version__, _redact, errors
+from . import compare, demo, diagnose, export, probe, report, run, search, sweep
+
+if typing.TYPE_CHECKING:
+    from collections.abc import Sequence
 
 __all__ = ["main"]
 
@@ -34,15 +27,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    add_probe_parser(sub)
-    add_demo_parser(sub)
-    add_run_parser(sub)
-    add_sweep_parser(sub)
-    add_search_parser(sub)
-    add_compare_parser(sub)
-    add_diagnose_parser(sub)
-    add_export_parser(sub)
-    add_report_parser(sub)
+    probe.add_probe_parser(sub)
+    demo.add_demo_parser(sub)
+    run.add_run_parser(sub)
+    sweep.add_sweep_parser(sub)
+    search.add_search_parser(sub)
+    compare.add_compare_parser(sub)
+    diagnose.add_diagnose_parser(sub)
+    export.add_export_parser(sub)
+    report.add_report_parser(sub)
     return parser
 
 
@@ -58,6 +51,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C: the shell's convention, 128 + SIGINT, no traceback
         print("latency-analyzer: interrupted", file=sys.stderr)
         return 130
-    except (UsageError, RequestError, OSError) as exc:
-        print(f"latency-analyzer: {redact_text(str(exc))}", file=sys.stderr)
+    except (errors.UsageError, errors.RequestError, OSError) as exc:
+        print(f"latency-analyzer: {_redact.redact_text(str(exc))}", file=sys.stderr)
         return 2
