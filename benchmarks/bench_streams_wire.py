@@ -105,6 +105,7 @@ async def measure(streams: int, tokens: int, decode: float, workers: int) -> dic
                     "mode": "closed",
                     "concurrency": streams,
                     "requests": streams,
+                    "timeout": 2 * (0.040 + tokens * decode) + 30,  # a stream's whole length
                 }
             )
             started = time.perf_counter()
@@ -125,6 +126,7 @@ async def measure(streams: int, tokens: int, decode: float, workers: int) -> dic
         "wall_s": round(wall, 2),
         "requests": len(rows),
         "errors": result.set.counts()["errors"],
+        "error_types": sorted(set(result.set.labels("error_type")) - {None, ""}),
         "capture_dropped": cap.dropped,
         "vs_capture": _compare(rows, flows),
         "client": result.client.to_dict(),
