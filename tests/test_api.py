@@ -248,6 +248,7 @@ def _imports_of(subpackage: str, *targets: str) -> list[str]:
 _ABOVE_CAPTURE = (
     "latency_analyzer.server",
     "latency_analyzer.merge",
+    "latency_analyzer._merge",
     "latency_analyzer.analysis",
     "latency_analyzer.load",
     "latency_analyzer.report",

@@ -28,7 +28,7 @@ import pytest
 import latency_analyzer
 
 ROOT = Path(__file__).resolve().parents[1]
-MODULES = ["latency_analyzer.errors", "latency_analyzer.diagnose"]
+MODULES = ["latency_analyzer.errors", "latency_analyzer.diagnose", "latency_analyzer.merge"]
 PYTEST_PLUGIN = "latency_analyzer.pytest_plugin"
 
 
