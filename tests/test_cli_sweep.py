@@ -122,6 +122,13 @@ URL = "http://127.0.0.1:9/v1/chat/completions"  # never reached: each error come
             ],
             "--scrape",
         ),
+        (
+            [
+                *("search", "--url", URL, "--requests", "1", "--slo", "e2e_p95=1s"),
+                *("--rate-max", "inf"),
+            ],
+            "--rate-max must be a finite number",
+        ),
     ],
     ids=[
         "sweep-rate-and-concurrency",
@@ -137,6 +144,7 @@ URL = "http://127.0.0.1:9/v1/chat/completions"  # never reached: each error come
         "search-rate-min-above-max",
         "sweep-workers",
         "search-scrape",
+        "search-rate-max-infinite",
     ],
 )
 def test_usage_errors_exit_2_naming_the_option(
