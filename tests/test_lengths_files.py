@@ -9,6 +9,7 @@ import pytest
 
 from latency_analyzer.errors import UsageError
 from latency_analyzer.load import Scenario, Template, dist
+from latency_analyzer.load._datasets import load_dataset
 from latency_analyzer.load._lengths import Lengths, resolve_lengths
 
 URL = "http://127.0.0.1:9/v1/chat/completions"  # never contacted
@@ -72,3 +73,20 @@ def test_a_folder_file_that_is_not_text_is_named(tmp_path: Path) -> None:
     (folder / "a.txt").unlink()
     with pytest.raises(UsageError, match="no values in 'prompt'"):
         _values(folder)
+
+
+@pytest.mark.parametrize(
+    ("bounds", "named"),
+    [
+        ({"min_input_tokens": -1}, "'min_input_tokens': expected a whole number of tokens >= 0"),
+        ({"max_input_tokens": 2.5}, "'max_input_tokens': expected a whole number"),
+        ({"min_input_tokens": 9, "max_input_tokens": 3}, "no row can fit"),
+    ],
+)
+def test_dataset_token_bounds_are_checked_when_read(
+    tmp_path: Path, bounds: dict[str, object], named: str
+) -> None:
+    rows = tmp_path / "d.jsonl"
+    rows.write_text('{"prompt": "a b c"}\n')
+    with pytest.raises(UsageError, match=named):
+        load_dataset({"path": str(rows), **bounds})
