@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from latency_analyzer.cli import main as cli_main
 from latency_analyzer.errors import UsageError
 from latency_analyzer.load import Scenario, Template, dist
 from latency_analyzer.load._datasets import load_dataset
@@ -90,3 +91,16 @@ def test_dataset_token_bounds_are_checked_when_read(
     rows.write_text('{"prompt": "a b c"}\n')
     with pytest.raises(UsageError, match=named):
         load_dataset({"path": str(rows), **bounds})
+
+
+def test_an_empty_tokenizer_path_is_refused_not_read_as_the_files_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(f'url = "{URL}"\nrequests = 1\ntokenizer = ""\n')
+    assert cli_main(["run", str(scenario), "--out", str(tmp_path / "r.jsonl")]) == 2
+    assert "'tokenizer' (--tokenizer): an empty path" in capsys.readouterr().err
+    assert cli_main(["run", "--url", URL, "--requests", "1", "--tokenizer", " "]) == 2
+    assert "an empty path" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.toml"]  # refused before a run

@@ -338,7 +338,7 @@ def resolve_length_paths(data: MutableMapping[str, Any], base: Path) -> None:
     """Make a scenario file's ``tokenizer`` and its templates' empirical ``path``s relative to
     the file (as its dataset's and trace's are)."""
     tok = data.get("tokenizer")
-    if isinstance(tok, str):
+    if isinstance(tok, str) and tok.strip():  # "" stays "", for load_tokenizer to refuse
         p = Path(tok).expanduser()
         data["tokenizer"] = str(p if p.is_absolute() else base / p)
     templates = data.get("templates")
