@@ -104,3 +104,17 @@ def test_an_empty_tokenizer_path_is_refused_not_read_as_the_files_folder(
     assert cli_main(["run", "--url", URL, "--requests", "1", "--tokenizer", " "]) == 2
     assert "an empty path" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.toml"]  # refused before a run
+
+
+def test_an_empty_empirical_path_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "notes.txt").write_text("a folder's text is not a length file")
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(
+        f'url = "{URL}"\nrequests = 1\n[[templates]]\nname = "a"\nweight = 1\n'
+        'prompt_tokens = {empirical = {path = ""}}\n'
+    )
+    assert cli_main(["run", str(scenario), "--out", str(tmp_path / "r.jsonl")]) == 2
+    assert "empirical: 'path'" in capsys.readouterr().err
+    assert not (tmp_path / "r.jsonl").exists()

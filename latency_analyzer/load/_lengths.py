@@ -351,7 +351,7 @@ def resolve_length_paths(data: MutableMapping[str, Any], base: Path) -> None:
             spec = t.get(key)
             if isinstance(spec, Mapping) and isinstance(spec.get("empirical"), Mapping):
                 source = dict(spec["empirical"])
-                if isinstance(source.get("path"), str):
+                if isinstance(source.get("path"), str) and source["path"].strip():
                     p = Path(source["path"]).expanduser()
                     source["path"] = str(p if p.is_absolute() else base / p)
                 t[key] = {"empirical": source}
