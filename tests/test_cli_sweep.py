@@ -306,3 +306,19 @@ def test_sweep_points_refuses_a_rate_it_cannot_pace(level: float, tmp_path: Path
     with pytest.raises(UsageError, match="finite number > 0"):
         asyncio.run(sweep_points(sc, rate=[1.0, level], path=tmp_path / "run.jsonl"))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_sweep_with_failed_requests_exits_1_and_keeps_every_point(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Nothing listens on port 9: every request fails (connection refused), each point is
+    still a run in the file, and the exit status says so."""
+    out = tmp_path / "run.jsonl"
+    argv = ["sweep", "--url", URL, "--requests", "2", "--rate", "50,100", "--out", str(out)]
+    assert main(argv) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(";")[-2:] for line in lines[:2]] == [
+        [" 2 errors", " achieved < 90% of offered"]
+    ] * 2
+    ws = WaterfallSet.load(out)
+    assert len(ws.runs) == 2 and len(ws) == 4 and not ws.ok.any()
