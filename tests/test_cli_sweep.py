@@ -322,3 +322,24 @@ def test_a_sweep_with_failed_requests_exits_1_and_keeps_every_point(
     ] * 2
     ws = WaterfallSet.load(out)
     assert len(ws.runs) == 2 and len(ws) == 4 and not ws.ok.any()
+
+
+def _strict(text: str) -> object:
+    def refuse(name: str) -> object:
+        raise AssertionError(f"{name} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_search_json_is_json_when_no_request_succeeded(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No request succeeds (nothing listens): the goodput is unknown, null, not NaN."""
+    argv = [
+        *("search", "--url", URL, "--requests", "1", "--slo", "e2e_p95=1s"),
+        *("--rate-max", "10", "--rate-min", "5", "--json", "--out", str(tmp_path / "r.jsonl")),
+    ]
+    assert main(argv) == 1
+    found = _strict(capsys.readouterr().out)
+    assert isinstance(found, dict) and found["rate"] is None
+    assert [p["slo"]["goodput_rps"] for p in found["points"]] == [None] * len(found["points"])
