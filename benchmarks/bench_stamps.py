@@ -40,7 +40,6 @@ from latency_analyzer.testing.pcap import Flow, PacketCapture, tcpdump_missing
 from latency_analyzer.timeline import process_anchor
 
 BODY = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
-_EVENT = re.compile(rb"data: ([^\n]*)\n\n")
 
 
 @contextmanager
@@ -118,16 +117,7 @@ async def request_cost(url: str, requests: int, rounds: int) -> dict[str, Any]:
 
 
 def _token_times(flow: Flow) -> list[int]:
-    data = flow.data("in")
-    out = []
-    for match in _EVENT.finditer(data, data.index(b"\r\n\r\n")):
-        raw = match.group(1)
-        if raw != b"[DONE]":
-            choices = json.loads(raw).get("choices") or [{}]
-            if choices[0].get("delta", {}).get("content"):
-                epoch = flow.time_of_byte("in", match.end() - 1)
-                out.append(process_anchor().to_perf_ns(epoch))
-    return out
+    return [process_anchor().to_perf_ns(epoch) for epoch in flow.content_event_ns()]
 
 
 async def streams_vs_capture(streams: int, tokens: int, on: bool) -> dict[str, Any]:

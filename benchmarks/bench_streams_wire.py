@@ -36,21 +36,7 @@ from latency_analyzer.testing import LLMServer
 from latency_analyzer.testing.pcap import Flow, PacketCapture, tcpdump_missing
 from latency_analyzer.timeline import ClockAnchor
 
-_EVENT = re.compile(rb"data: ([^\n]*)\n\n")
 _TRACE = re.compile(rb"traceparent: 00-([0-9a-f]{32})-", re.IGNORECASE)
-
-
-def _token_epochs(flow: Flow) -> list[int]:
-    """Epoch ns at which each content-bearing SSE event's last byte arrived."""
-    data = flow.data("in")
-    out = []
-    for match in _EVENT.finditer(data, data.index(b"\r\n\r\n")):
-        raw = match.group(1)
-        if raw != b"[DONE]":
-            choices = json.loads(raw).get("choices") or [{}]
-            if choices[0].get("delta", {}).get("content"):
-                out.append(flow.time_of_byte("in", match.end() - 1))
-    return out
 
 
 def _pct(ordered: list[int], q: float) -> float | None:
@@ -68,7 +54,7 @@ def _compare(rows: list[dict[str, Any]], flows: dict[str, Flow]) -> dict[str, An
             unmatched += 1
             continue
         anchor = ClockAnchor(**wf["anchor"])
-        truth = [anchor.to_perf_ns(e) for e in _token_epochs(flow)]
+        truth = [anchor.to_perf_ns(e) for e in flow.content_event_ns()]
         if len(truth) != len(wf["chunk_times_ns"]):  # the capture missed some of its packets
             incomplete += 1
             continue

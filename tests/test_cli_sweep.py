@@ -11,6 +11,7 @@ import pytest
 
 from latency_analyzer.analysis import WaterfallSet
 from latency_analyzer.cli import main
+from latency_analyzer.errors import UsageError
 from latency_analyzer.load import Scenario, sweep_points
 from latency_analyzer.load._slo import parse_slos, slo_report
 from latency_analyzer.testing import LLMServer
@@ -121,6 +122,13 @@ URL = "http://127.0.0.1:9/v1/chat/completions"  # never reached: each error come
             ],
             "--scrape",
         ),
+        (
+            [
+                *("search", "--url", URL, "--requests", "1", "--slo", "e2e_p95=1s"),
+                *("--rate-max", "inf"),
+            ],
+            "--rate-max must be a finite number",
+        ),
     ],
     ids=[
         "sweep-rate-and-concurrency",
@@ -136,6 +144,7 @@ URL = "http://127.0.0.1:9/v1/chat/completions"  # never reached: each error come
         "search-rate-min-above-max",
         "sweep-workers",
         "search-scrape",
+        "search-rate-max-infinite",
     ],
 )
 def test_usage_errors_exit_2_naming_the_option(
@@ -150,7 +159,12 @@ def test_usage_errors_exit_2_naming_the_option(
 
 @pytest.mark.parametrize(
     ("flag", "value", "named"),
-    [("--rate", "5,x", "--rate"), ("--concurrency", "0,2", "--concurrency")],
+    [
+        ("--rate", "5,x", "--rate"),
+        ("--concurrency", "0,2", "--concurrency"),
+        ("--rate", "5,inf", "--rate"),  # an unpaced open loop
+        ("--rate", "nan", "--rate"),
+    ],
 )
 def test_bad_levels_exit_2_naming_the_option(
     flag: str, value: str, named: str, capsys: pytest.CaptureFixture[str]
@@ -184,8 +198,10 @@ def test_search_resolution_must_be_a_share(capsys: pytest.CaptureFixture[str]) -
         ("speed = [1, 2]", "'speed'"),
         ("rate = [5, -1]", "rate"),
         ("rate = [1]\nconcurrency = [2]", "rate and concurrency"),
+        ("rate = [5, inf]", "rate: expected a list of finite numbers > 0"),
+        ("concurrency = [1.5]", "concurrency: expected a list of whole numbers > 0"),
     ],
-    ids=["unknown-key", "negative", "both"],
+    ids=["unknown-key", "negative", "both", "infinite", "fraction"],
 )
 def test_a_bad_sweep_table_exits_2_naming_file_and_key(
     table: str, named: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -281,3 +297,49 @@ async def test_an_interrupted_sweep_keeps_its_finished_points(tmp_path: Path) ->
     assert set(ws.column("step").tolist()) == {0}
     part = WaterfallSet.load(out.with_name(out.name + ".part"))  # the point cut short
     assert part.meta["result"]["interrupted"] is True and set(part.column("step").tolist()) == {1}
+
+
+@pytest.mark.parametrize("level", [float("inf"), float("nan"), 0.0])
+def test_sweep_points_refuses_a_rate_it_cannot_pace(level: float, tmp_path: Path) -> None:
+    """Before any point runs: an infinite rate would send as fast as the loop can."""
+    sc = Scenario(url=URL, mode="open", rate=1.0, requests=1)
+    with pytest.raises(UsageError, match="finite number > 0"):
+        asyncio.run(sweep_points(sc, rate=[1.0, level], path=tmp_path / "run.jsonl"))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_sweep_with_failed_requests_exits_1_and_keeps_every_point(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Nothing listens on port 9: every request fails (connection refused), each point is
+    still a run in the file, and the exit status says so."""
+    out = tmp_path / "run.jsonl"
+    argv = ["sweep", "--url", URL, "--requests", "2", "--rate", "50,100", "--out", str(out)]
+    assert main(argv) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(";")[-2:] for line in lines[:2]] == [
+        [" 2 errors", " achieved < 90% of offered"]
+    ] * 2
+    ws = WaterfallSet.load(out)
+    assert len(ws.runs) == 2 and len(ws) == 4 and not ws.ok.any()
+
+
+def _strict(text: str) -> object:
+    def refuse(name: str) -> object:
+        raise AssertionError(f"{name} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_search_json_is_json_when_no_request_succeeded(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No request succeeds (nothing listens): the goodput is unknown, null, not NaN."""
+    argv = [
+        *("search", "--url", URL, "--requests", "1", "--slo", "e2e_p95=1s"),
+        *("--rate-max", "10", "--rate-min", "5", "--json", "--out", str(tmp_path / "r.jsonl")),
+    ]
+    assert main(argv) == 1
+    found = _strict(capsys.readouterr().out)
+    assert isinstance(found, dict) and found["rate"] is None
+    assert [p["slo"]["goodput_rps"] for p in found["points"]] == [None] * len(found["points"])

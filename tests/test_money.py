@@ -24,7 +24,7 @@ def test_saving_is_todays_cost_minus_gpu_cost_at_the_new_throughput() -> None:
     assert math.isnan(monthly_saving(cost, math.nan))
 
 
-def test_the_issue_example_claimed_and_measured() -> None:
+def test_a_claimed_and_a_measured_speedup_of_a_1_2_m_fleet() -> None:
     case = money_case(
         metric="ttft_p95",
         cost_per_month=1.2e6,

@@ -7,14 +7,16 @@ injected; the error rates are counted over many seeded trials.
 from __future__ import annotations
 
 import collections
+from pathlib import Path
 
 import numpy as np
 import pytest
 from test_analysis import build
 
 from latency_analyzer import UsageError
-from latency_analyzer.analysis import parse_tolerance, reproduce
+from latency_analyzer.analysis import WaterfallSet, parse_tolerance, reproduce
 from latency_analyzer.analysis._reproduce import pair_confidence, spread_of
+from latency_analyzer.cli import main as cli_main
 
 
 @pytest.mark.parametrize(
@@ -110,3 +112,17 @@ def test_reproduce_on_sets_names_runs_and_lists_verdicts() -> None:
         reproduce(sets, within=0.0)
     with pytest.raises(UsageError, match="2 names for 3 runs"):
         reproduce(sets, within=0.05, names=["a", "b"])
+
+
+def test_a_run_without_requests_is_an_error_not_a_pass(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Nothing compared must not read as "none does not reproduce" (exit 0)."""
+    sets = [build([100.0, 101.0, 99.0]), WaterfallSet()]
+    with pytest.raises(UsageError, match="empty: no requests"):
+        reproduce(sets, within=0.05, names=["full", "empty"])
+    notes = tmp_path / "notes.md"
+    notes.write_text("# not a run file\n")
+    run = Path(__file__).parent / "fixtures" / "runs" / "day1.jsonl"
+    assert cli_main(["compare", str(run), str(notes), "--within", "5%"]) == 2
+    assert "notes: no requests" in capsys.readouterr().err

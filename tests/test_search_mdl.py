@@ -28,7 +28,7 @@ Why 10 % holds, and the tolerance budget:
   with a standard deviation of about 9 % at 300 requests and ρ = 0.75 (a simulation of 200
   seeds), and a check within 10 % at 3 σ for *any* seed would need some 2,000 requests per
   probe (the spread falls as 1/√N), minutes of test. So the test holds the search to two
-  things: the formula's rate within 10 % (the acceptance, for this fixed realisation), and,
+  things: the formula's rate within 10 % (the target, for this fixed realisation), and,
   the part a seed cannot excuse, the realisation's own threshold within the resolution and
   the jitter below.
 * Resolution: the rate reported is the last passing one, at most ``RESOLUTION`` (3 %) under
@@ -178,7 +178,7 @@ def test_search_finds_the_md1_rate_within_10_percent(
     print(report)
     assert np.median(service) < 1.05 * S_NOMINAL  # the service the server was asked for
     assert np.percentile(service, 99) < 1.5 * S_NOMINAL, report  # deterministic, but hiccups
-    # the acceptance: the formula's rate, within 10 %
+    # the target: the formula's rate, within 10 %
     assert math.isclose(rate, formula, rel_tol=0.10), report
     # the instrument: the realisation it measured, within the resolution and the jitter
     assert realised / (1 + RESOLUTION) / (1 + JITTER) <= rate <= realised * (1 + JITTER), report

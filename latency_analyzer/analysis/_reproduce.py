@@ -239,7 +239,8 @@ def reproduce(
         confidence, resamples, seed: of the bootstrap (run i uses ``seed + i``).
 
     Raises:
-        UsageError: fewer than two runs, a tolerance not above 0, names that do not match.
+        UsageError: fewer than two runs, a tolerance not above 0, names that do not match,
+            a run without requests, or (``metrics`` None) no metric every run has.
     """
     if len(runs) < 2:
         raise UsageError(f"reproduction needs two runs or more, got {len(runs)}")
@@ -248,9 +249,14 @@ def reproduce(
     labels = list(names) if names is not None else [f"run{i + 1}" for i in range(len(runs))]
     if len(labels) != len(runs):
         raise UsageError(f"{len(labels)} names for {len(runs)} runs")
+    empty = [label for label, r in zip(labels, runs, strict=True) if len(r) == 0]
+    if empty:  # else nothing is compared, and "none does not reproduce" would pass
+        raise UsageError(f"{', '.join(empty)}: no requests (not a run file, or an empty run)")
     if metrics is None:
         have = set.intersection(*(set(r.metric_names()) for r in runs))
         metrics = [m for m in _WANTED if m in have]
+        if not metrics:
+            raise UsageError(f"the runs have none of {', '.join(_WANTED)} in common")
     rows = []
     for name in metrics:
         values = [r.values(name) for r in runs]

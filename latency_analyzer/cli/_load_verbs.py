@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -106,7 +107,8 @@ def file_sweep_table(path: str | None) -> dict[str, Any]:
             raise UsageError(f"{path}: [sweep] key {key!r}: expected 'rate' or 'concurrency'")
         ok = isinstance(levels, list) and levels and all(_positive(v, key) for v in levels)
         if not ok:
-            raise UsageError(f"{path}: [sweep] {key}: expected a list of numbers > 0")
+            what = "whole numbers" if key == "concurrency" else "finite numbers"
+            raise UsageError(f"{path}: [sweep] {key}: expected a list of {what} > 0")
         out[key] = [float(v) if key == "rate" else int(v) for v in levels]
     return out
 
@@ -128,4 +130,4 @@ def _sweep_table(path: str) -> dict[str, Any]:
 
 def _positive(v: Any, key: str) -> bool:
     kinds = (int,) if key == "concurrency" else (int, float)
-    return isinstance(v, kinds) and not isinstance(v, bool) and v > 0
+    return isinstance(v, kinds) and not isinstance(v, bool) and math.isfinite(v) and v > 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import sys
 
 from ..errors import UsageError
@@ -70,8 +71,8 @@ def _check(args: argparse.Namespace) -> None:
         )
     if args.rate is not None:
         raise UsageError("--rate: the search chooses the rates; give --rate-max (and --rate-min)")
-    if not args.rate_max > 0:
-        raise UsageError(f"--rate-max must be > 0, got {args.rate_max:g}")
+    if not (math.isfinite(args.rate_max) and args.rate_max > 0):
+        raise UsageError(f"--rate-max must be a finite number > 0, got {args.rate_max:g}")
     if args.rate_min is not None and not 0 < args.rate_min < args.rate_max:
         raise UsageError(f"--rate-min must lie between 0 and --rate-max, got {args.rate_min:g}")
 

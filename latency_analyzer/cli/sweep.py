@@ -62,8 +62,10 @@ def _levels(kind: type[float] | type[int]) -> argparse._ActionType:
             raise argparse.ArgumentTypeError(
                 f"expected numbers separated by commas: {text!r}"
             ) from None
-        if not values or any(v <= 0 for v in values):
-            raise argparse.ArgumentTypeError(f"expected numbers > 0 separated by commas: {text!r}")
+        if not values or any(not (math.isfinite(v) and v > 0) for v in values):
+            raise argparse.ArgumentTypeError(
+                f"expected finite numbers > 0 separated by commas: {text!r}"
+            )
         return values
 
     return parse

@@ -168,8 +168,10 @@ def load_dataset(spec: Mapping[str, Any]) -> Dataset:
         raise UsageError("dataset key 'weights': at least one weight must be > 0")
     lo, hi = spec.get("min_input_tokens"), spec.get("max_input_tokens")
     for key, value in (("min_input_tokens", lo), ("max_input_tokens", hi)):
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-            raise UsageError(f"dataset key {key!r}: expected a whole number of tokens")
+        if value is not None and (
+            not isinstance(value, int) or isinstance(value, bool) or value < 0
+        ):
+            raise UsageError(f"dataset key {key!r}: expected a whole number of tokens >= 0")
     if lo is not None and hi is not None and lo > hi:
         raise UsageError("dataset keys 'min_input_tokens' > 'max_input_tokens': no row can fit")
     p = Path(path)

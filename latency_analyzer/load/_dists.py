@@ -100,7 +100,8 @@ def _source(raw: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
             f"empirical: unknown key {unknown[0]!r}; expected a list of values or a table "
             f"with some of {list(_SOURCE_KEYS)}"
         )
-    if not isinstance(raw.get("path"), str):
+    path = raw.get("path")
+    if not isinstance(path, str) or not path.strip():
         raise UsageError("empirical: 'path' (a .jsonl, a .csv or a folder of .txt) is required")
     if not isinstance(raw.get("field", ""), str):
         raise UsageError("empirical: 'field' must be a key or column name")

@@ -265,44 +265,61 @@ def filter_dataset(ds: Dataset, spec: Mapping[str, Any], lengths: Lengths) -> Da
 def _empirical(source: Mapping[str, str], lengths: Lengths) -> tuple[float, ...]:
     path = Path(source["path"])
     key = source.get("field", "prompt")
-    values = [v for v in (_value(x, lengths) for x in _field_values(path, key)) if v is not None]
+    values = []
+    for where, x in _field_values(path, key):
+        try:
+            v = _value(x, lengths)
+        except UsageError as exc:
+            raise UsageError(f"{where}: {key!r}: {exc}") from None
+        if v is not None:
+            values.append(v)
     if not values:
         raise UsageError(f"empirical {path}: no values in {key!r}")
-    return tuple(float(v) for v in values)
+    return tuple(values)
 
 
-def _field_values(path: Path, key: str) -> list[Any]:
-    if path.is_dir():
-        return [f.read_text("utf-8") for f in sorted(path.glob("*.txt")) if f.is_file()]
+def _read(path: Path) -> str:
     try:
-        text = path.read_text("utf-8")
+        return path.read_text("utf-8")
     except OSError as exc:
         raise UsageError(f"empirical {path}: cannot read it ({exc.strerror or exc})") from None
     except UnicodeDecodeError:
         raise UsageError(f"empirical {path}: not UTF-8 text") from None
+
+
+def _field_values(path: Path, key: str) -> list[tuple[str, Any]]:
+    """``(where, value)`` of each row: a folder's ``.txt`` files, a CSV column, a JSON-lines
+    field."""
+    if path.is_dir():
+        files = [f for f in sorted(path.glob("*.txt")) if f.is_file()]
+        return [(f"empirical {f}", _read(f)) for f in files]
+    text = _read(path)
     if path.suffix == ".csv":
         reader = csv.DictReader(io.StringIO(text, newline=""))
         if key not in (reader.fieldnames or []):
             raise UsageError(f"empirical {path}: no column {key!r}")
-        return [row[key] for row in reader]
+        return [(f"empirical {path}, line {reader.line_num}", row[key]) for row in reader]
     if path.suffix != ".jsonl":
         raise UsageError(f"empirical {path}: expected a .jsonl or .csv file or a folder of .txt")
     out = []
     for _, where, row in json_lines(text, f"empirical {path}"):
         if not isinstance(row, dict) or key not in row:
             raise UsageError(f"{where}: no field {key!r}")
-        out.append(row[key])
+        out.append((where, row[key]))
     return out
 
 
 def _value(x: Any, lengths: Lengths) -> float | None:
-    """A number as it is (a numeric CSV cell too), text measured; None for an empty cell."""
+    """A number as it is (a numeric CSV cell too), text measured; None for an empty cell (a
+    CSV row shorter than its header, nothing between its commas, a JSON null or "")."""
     if isinstance(x, bool):
         raise UsageError("expected a number or text, got true/false")
     if isinstance(x, int | float):
         if not math.isfinite(x) or x < 0:
             raise UsageError(f"expected a number >= 0, got {x!r}")
         return float(x)
+    if x is None or x == "":
+        return None
     if isinstance(x, str):
         try:
             number = float(x)
@@ -321,7 +338,7 @@ def resolve_length_paths(data: MutableMapping[str, Any], base: Path) -> None:
     """Make a scenario file's ``tokenizer`` and its templates' empirical ``path``s relative to
     the file (as its dataset's and trace's are)."""
     tok = data.get("tokenizer")
-    if isinstance(tok, str):
+    if isinstance(tok, str) and tok.strip():  # "" stays "", for load_tokenizer to refuse
         p = Path(tok).expanduser()
         data["tokenizer"] = str(p if p.is_absolute() else base / p)
     templates = data.get("templates")
@@ -334,10 +351,7 @@ def resolve_length_paths(data: MutableMapping[str, Any], base: Path) -> None:
             spec = t.get(key)
             if isinstance(spec, Mapping) and isinstance(spec.get("empirical"), Mapping):
                 source = dict(spec["empirical"])
-                if isinstance(source.get("path"), str):
+                if isinstance(source.get("path"), str) and source["path"].strip():
                     p = Path(source["path"]).expanduser()
                     source["path"] = str(p if p.is_absolute() else base / p)
                 t[key] = {"empirical": source}
-
-
-# -- requested against received --------------------------------------------------------------

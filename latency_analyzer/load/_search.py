@@ -90,7 +90,7 @@ async def sweep_points(
 
     Raises:
         UsageError: neither or both of ``rate`` and ``concurrency``, a level that is not
-            positive, or a loop that does not match (rates need ``mode="open"``).
+            finite and positive, or a loop that does not match (rates need ``mode="open"``).
     """
     if bool(rate) == bool(concurrency):
         raise UsageError("a sweep is over rates or concurrencies: give exactly one of the two")
@@ -102,8 +102,8 @@ async def sweep_points(
             f"a sweep over {key} needs mode = {want!r} (the scenario's mode is "
             f"{scenario.mode!r}): {why}"
         )
-    if any(not v > 0 for v in levels):
-        raise UsageError(f"every {key} of a sweep must be > 0, got {levels}")
+    if any(not (math.isfinite(v) and v > 0) for v in levels):  # an infinite rate: no pacing
+        raise UsageError(f"every {key} of a sweep must be a finite number > 0, got {levels}")
     file = _RunFile(path)
     points = []
     for step, level in enumerate(levels):

@@ -125,7 +125,7 @@ class SloReport:
                 }
                 for i, (s, m) in enumerate(zip(self.slos, self.measured_ns, strict=True))
             ],
-            "goodput_rps": self.goodput_rps,
+            "goodput_rps": None if math.isnan(self.goodput_rps) else self.goodput_rps,
             "good": self.good,
             "requests": self.counted,
             "span_s": self.span_s,

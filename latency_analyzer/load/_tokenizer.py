@@ -74,15 +74,17 @@ def load_tokenizer(path: str) -> Tokenizer:
     """Read the tokenizer at ``path`` (a file or a folder on this machine); cached per path.
 
     Raises:
-        UsageError: ``path`` is not a file or folder here (a hub name is not fetched), the
-            needed package is missing (the message says what to install), or the file is
-            not a tokenizer; the message names the option and the path.
+        UsageError: ``path`` is empty or not a file or folder here (a hub name is not
+            fetched), the needed package is missing (the message says what to install), or
+            the file is not a tokenizer; the message names the option and the path.
     """
     return _load(path)
 
 
 @functools.lru_cache(maxsize=8)
 def _load(path: str) -> Tokenizer:
+    if not path.strip():  # Path("") is the current folder: an empty value names no tokenizer
+        raise UsageError(f"{_OPTION}: an empty path names no tokenizer")
     p = Path(path).expanduser()
     if not p.exists():
         raise UsageError(

@@ -110,7 +110,10 @@ def _latency(ax: Axes, curve: LoadCurve) -> None:
     ax.set_ylabel("latency (ms, log scale)")
     ax.set_title("latency percentiles against load")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(loc="lower right", fontsize=9)  # latency climbs to the right: the top is taken
+    if ax.get_legend_handles_labels()[0]:  # latency climbs to the right: the top is taken
+        ax.legend(loc="lower right", fontsize=9)
+    else:  # every request failed at every level
+        ax.text(0.5, 0.5, "no latency: no request succeeded", transform=ax.transAxes, ha="center")
 
 
 def _achieved(ax: Axes, curve: LoadCurve) -> None:

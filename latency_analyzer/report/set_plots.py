@@ -44,11 +44,6 @@ def _kept(ws: WaterfallSet) -> npt.NDArray[np.bool_]:
     return np.asarray(ws.ok & ~ws.warmup, dtype=bool)
 
 
-def _band_means(ws: WaterfallSet) -> list[tuple[str, int, dict[str, float]]]:
-    """For P50/P95/P99 of e2e: the mean attribution (ms) of the requests around it."""
-    return [(name, n, means) for name, n, means, _ in _bands(ws)]
-
-
 def _bands(ws: WaterfallSet) -> list[tuple[str, int, dict[str, float], float]]:
     """Per band: its name, how many requests it averages, their mean attribution (ms, path
     order) and the percentile's own e2e (ms, nearest rank)."""

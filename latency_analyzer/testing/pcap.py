@@ -24,6 +24,7 @@ with a reason, under ``CI=true`` it fails it.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -39,6 +40,7 @@ from pathlib import Path
 __all__ = ["Flow", "Packet", "PacketCapture", "read_pcap", "require_tcpdump", "tcpdump_missing"]
 
 _SYN, _ACK, _FIN, _RST = 0x02, 0x10, 0x01, 0x04
+_SSE_EVENT = re.compile(rb"data: ([^\n]*)\n\n")
 _MAGIC = {
     b"\xd4\xc3\xb2\xa1": ("<", 1_000),
     b"\xa1\xb2\xc3\xd4": (">", 1_000),
@@ -187,6 +189,20 @@ class Flow:
         if i < 0 or offset >= offsets[i][0] + offsets[i][1].size:
             raise ValueError(f"byte {offset} of {direction!r} was not captured")
         return offsets[i][1].time_ns
+
+    def content_event_ns(self) -> list[int]:
+        """When the last byte of each OpenAI streaming event with text (``delta.content``)
+        crossed lo, epoch ns: the truth for a stream's token stamps (the role-only first
+        event, empty-text events and ``[DONE]`` left out)."""
+        data = self.data("in")
+        out = []
+        for match in _SSE_EVENT.finditer(data, data.index(b"\r\n\r\n")):
+            raw = match.group(1)
+            if raw != b"[DONE]":
+                choices = json.loads(raw).get("choices") or [{}]
+                if choices[0].get("delta", {}).get("content"):
+                    out.append(self.time_of_byte("in", match.end() - 1))
+        return out
 
     def _offsets(self, direction: str) -> list[tuple[int, Packet]]:
         src = self.client if direction == "out" else self.server
