@@ -9,14 +9,16 @@ the first as urllib3, httpcore and Go's net/http have it, the second as curl has
   RST, or bytes no request asked for) is closed unused and the next one is taken; the
   waterfall's ``stale.discarded`` counts them;
 * a request that still fails on a reused connection with a connection error (a FIN or RST,
-  not a timeout) before any response byte arrived is sent once more on a new connection, as
-  curl does, whatever its method: the FIN can cross the request on the wire (llama-server's
-  comes a fraction of a millisecond after its last byte, so a request sent at once loses the
-  race now and then), and a server closing an idle keep-alive connection has not read a
-  request arriving on it. A server that did read it and then died without a byte of answer
-  gets it twice: RFC 9112 §9.3.1 allows that only for idempotent methods, so the waterfall
-  says whether request bytes had left (``stale.retry_sent``). Never once a response byte
-  arrived, never twice.
+  not a timeout) before any response byte arrived is sent once more, whatever its method, as
+  curl does, on the connection the pool then hands over: another idle one that passes the
+  checkout test above, or a new one when none is idle (the pool's other connections are not
+  closed to force a dial: later requests would lose them). The FIN can cross the request on
+  the wire (llama-server's comes a fraction of a millisecond after its last byte, so a
+  request sent at once loses the race now and then), and a server closing an idle
+  keep-alive connection has not read a request arriving on it. A server that did read it
+  and then died without a byte of answer gets it twice: RFC 9112 §9.3.1 allows that only
+  for idempotent methods, so the waterfall says whether request bytes had left
+  (``stale.retry_sent``). Never once a response byte arrived, never twice.
 
 A retry is not hidden. The failed attempt's time stays in ``pool_wait`` (the request was
 still getting a connection it could use): the stage is reopened at the failed attempt's start

@@ -137,7 +137,7 @@ class ClientTransport:
                 failed_at = now_ns()
                 if not retry_allowed(state, exc) or _left(deadline) <= 0:  # 0: no timer at all
                     raise
-                restart(state, exc, failed_at)  # once: on a new connection, the attempt kept
+                restart(state, exc, failed_at)  # once, on the pool's next connection; attempt kept
                 await self._exchange(state, method, url, json, data, headers, deadline)
         except HandoffToHTTP2 as handoff:
             dialler = False
