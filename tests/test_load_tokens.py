@@ -421,3 +421,11 @@ def test_min_tokens_above_max_tokens_on_the_command_line_exits_2(
     argv = ["run", "--url", URL, "--requests", "1", "--max-tokens", "4", "--min-tokens", "9"]
     assert cli_main(argv) == 2
     assert "--min-tokens" in capsys.readouterr().err
+
+
+def test_a_prompt_longer_than_any_context_is_refused_not_built() -> None:
+    """A length distribution that asks for 10**12 words stops with the reason before a byte of
+    it is allocated (it would be ~5 TB of filler)."""
+    sc = Scenario(URL, requests=1, templates=(Template("huge", prompt_tokens=dist(1e12)),))
+    with pytest.raises(UsageError, match=r"1000000000000 tokens .* 10000000"):
+        run_sync(sc, rtt_samples=0)

@@ -42,6 +42,10 @@ __all__ = [
     "resolve_lengths",
 ]
 
+#: The longest synthetic prompt built (tokens or words): beyond any model's context window, so
+#: a draw above it is a mistake in the scenario, not a request to send (and not ~5 bytes of
+#: memory per unit to allocate).
+MAX_PROMPT_TOKENS = 10_000_000
 _TRIES = 4  # cuts tried on each side of the target when a cut re-encodes to another count
 _SAMPLE_WORDS = 512  # filler words encoded once per tokenizer to learn its tokens per word
 _tokens_per_word: dict[str, float] = {}
@@ -176,7 +180,17 @@ class Lengths:
         return _words(text) if self.tokenizer is None else self.tokenizer.count(text)
 
     def prompt(self, target: int, offset: int) -> tuple[str, int]:
-        """A synthetic prompt of ``target`` units and its measured length."""
+        """A synthetic prompt of ``target`` units and its measured length.
+
+        Raises:
+            UsageError: ``target`` is over ``MAX_PROMPT_TOKENS`` (a length distribution or a
+                trace row that asks for more than any model's context).
+        """
+        if target > MAX_PROMPT_TOKENS:
+            raise UsageError(
+                f"a prompt of {target} tokens was asked for (prompt_tokens or a trace's "
+                f"input_tokens); the most a request is built with is {MAX_PROMPT_TOKENS}"
+            )
         if self.tokenizer is None:
             return synthetic_prompt(target, offset), target
         return fit_prompt(self.tokenizer, target, offset)
