@@ -207,5 +207,6 @@ def _write_plot(
         knee_rule=f"{KNEE_RULE} of {args.knee_metric}",
         title=f"sweep of {points[0].key}: {Path(args.out).name}",
         passed=[p.met for p in points],
+        knee_metric=args.knee_metric,
     )
     plot_load_curve(curve).savefig(path, dpi=110)
