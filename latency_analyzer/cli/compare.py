@@ -47,7 +47,7 @@ def add_compare_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentP
         choices=("auto", "name", "position"),
         help="pair scenarios by name, by position, or by name when shared (Default: auto)",
     )
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_compare)
 
 

@@ -25,28 +25,69 @@ from ..load.distributed import auto_workers, run_ray_sync, run_workers_sync
 from ..metrics import Scraper, Target, summary_text
 from ._run_options import add_request_arguments, finish_scenario, request_overrides
 
-__all__ = ["add_run_parser", "cmd_run"]
+__all__ = ["ARRIVAL_HELP", "MODE_HELP", "add_run_parser", "cmd_run"]
+
+MODE_HELP = "closed: users send again once answered; open: arrivals on a schedule (--rate)"
+ARRIVAL_HELP = (
+    "open loop: how arrivals are spaced (gamma: burstier than poisson; burst: all at t=0)"
+)
 
 
 def add_run_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``run``: a scenario file or a preset, flags override; writes the set as JSONL."""
-    p = subparsers.add_parser("run", help="run a load scenario and summarise it")
+    p = subparsers.add_parser(
+        "run",
+        help="run a load scenario and summarise it",
+        description="Run a load scenario (a file, a --preset, or flags alone with --url) and "
+        "print its summary; flags override the file's keys.",
+    )
     p.add_argument("scenario", nargs="?", metavar="SCENARIO.toml", help="scenario file")
     p.add_argument("--preset", choices=sorted(PRESETS), help="start from a field scenario")
     p.add_argument("--url", help="endpoint, e.g. http://host:8000/v1/chat/completions")
-    p.add_argument("--mode", choices=("closed", "open"))
-    p.add_argument("--concurrency", type=int, metavar="N")
-    p.add_argument("--rate", type=float, metavar="REQ_PER_S")
-    p.add_argument("--arrival", choices=("constant", "poisson", "gamma", "burst"))
-    p.add_argument("--duration", type=float, metavar="SECONDS")
-    p.add_argument("--requests", type=int, metavar="N")
-    p.add_argument("--warmup-seconds", type=float, metavar="SECONDS")
-    p.add_argument("--warmup-requests", type=int, metavar="N")
+    p.add_argument("--mode", choices=("closed", "open"), help=MODE_HELP)
+    p.add_argument("--concurrency", type=int, metavar="N", help="closed loop: users")
+    p.add_argument("--rate", type=float, metavar="REQ_PER_S", help="open loop: arrivals per second")
+    p.add_argument(
+        "--arrival", choices=("constant", "poisson", "gamma", "burst"), help=ARRIVAL_HELP
+    )
+    p.add_argument(
+        "--duration", type=float, metavar="SECONDS", help="seconds during which requests start"
+    )
+    p.add_argument("--requests", type=int, metavar="N", help="requests to send")
+    p.add_argument(
+        "--warmup-seconds",
+        type=float,
+        metavar="SECONDS",
+        help="requests starting in the first SECONDS are left out of the statistics",
+    )
+    p.add_argument(
+        "--warmup-requests",
+        type=int,
+        metavar="N",
+        help="the first N requests are left out of the statistics",
+    )
     add_request_arguments(p)
-    p.add_argument("--out", default="run.jsonl", metavar="FILE", help="Default: %(default)r")
+    p.add_argument(
+        "--out",
+        default="run.jsonl",
+        metavar="FILE",
+        help="the run file (JSONL) for compare, diagnose, export, report. Default: %(default)r",
+    )
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.add_argument("--outage-at", type=float, default=3.0, metavar="SECONDS")
-    p.add_argument("--outage", type=float, default=1.0, metavar="SECONDS")
+    p.add_argument(
+        "--outage-at",
+        type=float,
+        default=3.0,
+        metavar="SECONDS",
+        help="--preset fault_injection: when the target goes down. Default: %(default)r",
+    )
+    p.add_argument(
+        "--outage",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="--preset fault_injection: how long it stays down. Default: %(default)r",
+    )
     p.add_argument(
         "--scrape",
         action="append",
@@ -55,7 +96,11 @@ def add_run_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
         help="a Prometheus /metrics endpoint to scrape during the run (repeatable)",
     )
     p.add_argument(
-        "--scrape-interval", type=float, default=1.0, metavar="SECONDS", help="Default: %(default)r"
+        "--scrape-interval",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="seconds between scrapes. Default: %(default)r",
     )
     p.add_argument(
         "--ray",
