@@ -236,4 +236,4 @@ def _print_run(result: RunResult, args: argparse.Namespace, extra: dict[str, Any
         print(summary_text(result.metrics))
     for key, value in extra.items():
         print(f"{key}: {json.dumps(value)}")
-    print(f"set written to {args.out}", file=sys.stderr)
+    print(f"run file written to {args.out}", file=sys.stderr)

@@ -151,7 +151,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                 "(under 90% of it)"
             )
     print(
-        f"set written to {args.out}" + ("" if plot is None else f", plot to {plot}"),
+        f"run file written to {args.out}" + ("" if plot is None else f", plot to {plot}"),
         file=sys.stderr,
     )
     return 0 if all(p.errors == 0 for p in points) else 1

@@ -160,7 +160,8 @@ def request_headers(sc: Scenario) -> dict[str, str]:
             if value is None:
                 raise UsageError(
                     f"header_env: header {name!r} is read from the environment variable "
-                    f"{var}, which is not set"
+                    f"{var}, which is not set: export {var}=..., or drop {name!r} from "
+                    "header_env (--header-env)"
                 )
             if "\r" in value or "\n" in value:
                 raise UsageError(f"header_env: the environment variable {var} holds a line break")

@@ -1,0 +1,50 @@
+"""Messages a newcomer reads: each says what it means and, for an error, what to do."""
+
+from __future__ import annotations
+
+import pytest
+
+from latency_analyzer.analysis import Estimate, money_case
+from latency_analyzer.errors import UsageError
+from latency_analyzer.load import Scenario
+from latency_analyzer.load._checks import request_headers
+from latency_analyzer.load._length_report import _output_line
+
+
+def test_a_payback_that_never_comes_says_never_once() -> None:
+    case = money_case(
+        metric="ttft_p95",
+        cost_per_month=1.2e6,
+        claimed=0.5,
+        measured=Estimate(0.21, 0.16, 0.54, 60),
+        migration_cost=2e6,
+    )
+    assert case.lines()[-1] == "migration (2.00 M) pays back in: claimed never; measured never"
+    assert case.to_dict()["measured"]["payback_months"] == [None, None, None]
+
+
+def test_the_length_note_names_its_range_apart_from_a_confidence_interval() -> None:
+    figures = {
+        "requests": 30,
+        "requested_mean": 32.8,
+        "received_n": 30,
+        "received_mean": 32.0,
+        "difference": {"median": -1.0, "min": -9, "max": 0},
+        "fewer_than_requested": 12,
+    }
+    line = _output_line(figures)
+    assert "received − requested median -1, range [-9, +0] over 30 requests" in line
+
+
+def test_an_unset_header_variable_says_how_to_set_it_or_drop_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("LA_NEWCOMER_KEY", raising=False)
+    sc = Scenario("http://127.0.0.1:9/v1/chat/completions", requests=1, header_env={
+        "Authorization": "Bearer ${LA_NEWCOMER_KEY}"
+    })  # fmt: skip
+    with pytest.raises(UsageError) as err:
+        request_headers(sc)
+    text = str(err.value)
+    assert "LA_NEWCOMER_KEY, which is not set" in text
+    assert "export LA_NEWCOMER_KEY=" in text and "header_env" in text
