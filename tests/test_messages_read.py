@@ -48,3 +48,36 @@ def test_an_unset_header_variable_says_how_to_set_it_or_drop_it(
     text = str(err.value)
     assert "LA_NEWCOMER_KEY, which is not set" in text
     assert "export LA_NEWCOMER_KEY=" in text and "header_env" in text
+
+
+def test_the_report_waterfall_shows_the_time_between_its_stages() -> None:
+    from latency_analyzer.report import waterfall_svg
+    from latency_analyzer.timeline import Recorder
+
+    ms = 1_000_000
+    rec = Recorder("POST", "http://t/v1", start_ns=0)
+    rec.add("connect", 0, 1 * ms)
+    rec.add("send", 5 * ms, 6 * ms)  # 4 ms between connect and send: in no stage
+    rec.response_headers(10 * ms, 200)
+    wf = rec.finish(10 * ms)
+    assert wf.attribution()["other"] == pytest.approx(0.004)
+    svg = waterfall_svg(wf)
+    assert ">other</text>" in svg and ">4.00 ms</text>" in svg
+    assert svg.count("<rect") == len(wf.root.children)  # a row, not a bar
+
+
+def test_one_chunk_read_with_later_bytes_is_one_chunk() -> None:
+    import dataclasses
+
+    from latency_analyzer.report.waterfall_text import render_waterfall
+    from latency_analyzer.timeline import Recorder
+
+    rec = Recorder("POST", "http://t/v1", start_ns=0)
+    rec.response_headers(1_000_000, 200)
+    rec.chunk(2_000_000, 5)
+    rec.chunk(3_000_000, 5)
+    wf = rec.finish(3_000_000)
+    one = dataclasses.replace(wf, clock_source="kernel", shared_read_chunks=(0,))
+    two = dataclasses.replace(wf, clock_source="kernel", shared_read_chunks=(0, 1))
+    assert "· 1 chunk read with later bytes" in render_waterfall(one)
+    assert "· 2 chunks read with later bytes" in render_waterfall(two)
