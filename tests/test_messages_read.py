@@ -81,3 +81,16 @@ def test_one_chunk_read_with_later_bytes_is_one_chunk() -> None:
     two = dataclasses.replace(wf, clock_source="kernel", shared_read_chunks=(0, 1))
     assert "· 1 chunk read with later bytes" in render_waterfall(one)
     assert "· 2 chunks read with later bytes" in render_waterfall(two)
+
+
+@pytest.mark.parametrize("flag", ["--outage-at", "--outage"])
+def test_an_outage_flag_outside_fault_injection_is_an_error_not_ignored(
+    flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from latency_analyzer.cli import main
+
+    url = "http://127.0.0.1:9/v1/chat/completions"  # never reached: the flags are refused first
+    assert main(["run", "--url", url, "--requests", "1", flag, "2"]) == 2
+    err = capsys.readouterr().err
+    assert "--outage-at / --outage apply only to the fault_injection scenario" in err
+    assert "--preset fault_injection" in err

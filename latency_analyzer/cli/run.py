@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..errors import UsageError
 from ..load._files import load_scenario, scenario_preset
 from ..load._presets import PRESETS, length_buckets, preset_scenario, run_fault_injection
 from ..load._progress import ProgressLine
@@ -26,6 +27,8 @@ from ..metrics import Scraper, Target, summary_text
 from ._run_options import add_request_arguments, finish_scenario, request_overrides
 
 __all__ = ["ARRIVAL_HELP", "MODE_HELP", "add_run_parser", "cmd_run"]
+
+_OUTAGE_AT, _OUTAGE_S = 3.0, 1.0  # the fault_injection run's outage: start, length (s)
 
 MODE_HELP = "closed: users send again once answered; open: arrivals on a schedule (--rate)"
 ARRIVAL_HELP = (
@@ -77,16 +80,14 @@ def add_run_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
     p.add_argument(
         "--outage-at",
         type=float,
-        default=3.0,
         metavar="SECONDS",
-        help="--preset fault_injection: when the target goes down. Default: %(default)r",
+        help=f"--preset fault_injection: when the target goes down (default: {_OUTAGE_AT:g})",
     )
     p.add_argument(
         "--outage",
         type=float,
-        default=1.0,
         metavar="SECONDS",
-        help="--preset fault_injection: how long it stays down. Default: %(default)r",
+        help=f"--preset fault_injection: how long it stays down (default: {_OUTAGE_S:g})",
     )
     p.add_argument(
         "--scrape",
@@ -164,6 +165,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     130 on Ctrl-C, after the requests in flight are stored as cancelled)."""
     sc = _scenario(args)
     preset = args.preset or _file_preset(args.scenario)
+    if preset != "fault_injection" and (args.outage_at is not None or args.outage is not None):
+        raise UsageError(
+            "--outage-at / --outage apply only to the fault_injection scenario (--preset "
+            'fault_injection, or preset = "fault_injection" in the file): no other run takes '
+            "its target down"
+        )
     update, stop = _progress(sc)
     extra: dict[str, Any] = {}
     try:
@@ -171,8 +178,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             fr = asyncio.run(
                 run_fault_injection(
                     sc,
-                    outage_at=args.outage_at,
-                    outage_s=args.outage,
+                    outage_at=_OUTAGE_AT if args.outage_at is None else args.outage_at,
+                    outage_s=_OUTAGE_S if args.outage is None else args.outage,
                     path=args.out,
                     progress=update,
                 )
