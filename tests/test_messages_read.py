@@ -94,3 +94,24 @@ def test_an_outage_flag_outside_fault_injection_is_an_error_not_ignored(
     err = capsys.readouterr().err
     assert "--outage-at / --outage apply only to the fault_injection scenario" in err
     assert "--preset fault_injection" in err
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (
+            ["--requests", "4", "--warmup-requests", "4"],
+            "'warmup_requests' (--warmup-requests) is 4",
+        ),
+        (["--duration", "2", "--warmup-seconds", "5"], "'warmup_seconds' (--warmup-seconds) is 5s"),
+    ],
+)
+def test_a_warm_up_that_takes_every_request_is_refused_before_the_run(
+    flags: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from latency_analyzer.cli import main
+
+    url = "http://127.0.0.1:9/v1/chat/completions"  # never reached: refused before the run
+    assert main(["run", "--url", url, *flags]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "every request would be warm-up" in err
