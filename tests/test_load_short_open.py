@@ -36,3 +36,16 @@ def test_a_run_a_few_latencies_long_is_not_judged() -> None:
     assert result.offered_rps is None and result.completed_in_window_rps is None
     assert not result.target_saturated
     assert not any("TARGET is saturated" in n for n in result.summary().notes)
+
+
+def test_a_short_run_over_worker_processes_is_not_judged_either() -> None:
+    # The CLI's default (--workers auto) merges the workers' rows and checks them apart.
+    with LLMServer(header_delay=0.100, tokens=1).run_in_subprocess() as server:
+        sc = Scenario(
+            server.url + CHAT, mode="open", rate=100.0, duration=0.25, stream=False, name="o"
+        )
+        result = run_sync(sc, workers=2, rtt_samples=0)
+    assert result.set.counts()["ok"] >= 20
+    assert result.completed_in_window_rps is None
+    assert not result.target_saturated
+    assert not any("TARGET is saturated" in n for n in result.summary().notes)

@@ -11,6 +11,7 @@ from ...analysis import WaterfallSet
 from ...errors import UsageError
 from ...timeline._clock import cristian_offset  # the estimate is the timeline's; named here too
 from .._monitor import ClientHealth
+from .._result import completed_in_window
 from .._runner import RunResult
 
 __all__ = [
@@ -182,9 +183,11 @@ def rates(res: DistributedResult) -> None:
     window = (int(start.max()) - t0) / 1e9
     if window <= 0:
         return
-    end = start + ws.column("e2e_ns")
+    completed = completed_in_window(start, ws.column("e2e_ns"), int(start.max()))
+    if completed is None:
+        return  # too short for completions to tell (see completed_in_window)
     res.offered_rps = len(ws) / window
-    res.completed_in_window_rps = float(np.count_nonzero(end <= start.max())) / window
+    res.completed_in_window_rps = completed / window
     if res.completed_in_window_rps < _SATURATION_RATIO * res.offered_rps:
         res.target_saturated = True
         res.notes.append(
