@@ -115,3 +115,19 @@ def test_a_warm_up_that_takes_every_request_is_refused_before_the_run(
     assert main(["run", "--url", url, *flags]) == 2
     err = capsys.readouterr().err
     assert says in err and "every request would be warm-up" in err
+
+
+def test_a_saturated_worker_shows_the_lag_that_decided_it() -> None:
+    from latency_analyzer.load.distributed._results import WorkerReport, worker_notes
+
+    client = {  # the sampled loop lag was fine; the kernel-stamped reads were 14 ms late
+        "saturated": True,
+        "loop_lag": {"p99_s": 0.0056},
+        "pacer_lag": {"p99_s": 0.0001},
+        "read_lag": {"p99_s": 0.014},
+    }
+    notes = worker_notes([WorkerReport(worker=0, host="vm", client=client)])
+    assert notes == [
+        "worker 0 (vm) was saturated: loop lag P99 5.6 ms, pacer lag P99 0.1 ms, "
+        "read lag P99 14.0 ms (limit 10 ms)"
+    ]
