@@ -75,3 +75,26 @@ def test_latency_ticks_are_plain_milliseconds() -> None:
     ]
     assert shown and all(x.replace(".", "").isdigit() for x in shown), shown
     assert {"20", "50", "100", "200"} <= set(shown)
+
+
+def test_a_narrow_latency_axis_labels_every_tick_and_users_come_whole() -> None:
+    p95 = [10e6, 15e6, 27e6]
+    curve = LoadCurve(
+        key="concurrency",
+        levels=[1, 2, 4],
+        latency_ns={"e2e_p50": [7e6, 13e6, 24e6], "e2e_p95": p95},
+        achieved_rps=[119.0, 143.0, 138.0],
+        knee=2,
+        knee_metric="e2e_p95",
+    )
+    ax = _drawn(curve)
+    lo, hi = ax.get_ylim()
+    shown = {
+        t.get_text()
+        for t in ax.yaxis.get_ticklabels(which="both")
+        if t.get_text() and lo <= t.get_position()[1] <= hi
+    }
+    assert {"10", "20"} < shown and len(shown) >= 4, shown  # 8, 9, 10, 20 ... not just 10, 20
+    for axes in (ax, _drawn(curve).figure.axes[1]):
+        xs = [t for t in axes.get_xticks() if axes.get_xlim()[0] <= t <= axes.get_xlim()[1]]
+        assert all(float(t).is_integer() for t in xs), xs

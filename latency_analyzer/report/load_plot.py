@@ -108,11 +108,16 @@ def _latency(ax: Axes, curve: LoadCurve) -> None:
                 markeredgecolor=OKABE_ITO["vermillion"], markeredgewidth=2, linestyle="none",
             )  # fmt: skip
     ax.set_yscale("log")
-    from matplotlib.ticker import FuncFormatter  # matplotlib is there: the figure is made
+    from matplotlib.ticker import FuncFormatter, MaxNLocator  # the figure is made: it is there
 
-    plain = FuncFormatter(_plain_ms)  # "200", not "2 × 10²": milliseconds read as written
-    ax.yaxis.set_major_formatter(plain)
-    ax.yaxis.set_minor_formatter(plain)
+    def plain(value: float, _pos: float) -> str:
+        low, high = ax.get_ylim()
+        return _plain_ms(value, narrow=high < 12 * low)
+
+    ax.yaxis.set_major_formatter(FuncFormatter(plain))  # "200", not "2 × 10²"
+    ax.yaxis.set_minor_formatter(FuncFormatter(plain))
+    if curve.key == "concurrency":
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # users come whole
     ax.set_xlabel(_axis_label(curve.key))
     ax.set_ylabel("latency (ms, log scale)")
     ax.set_title("latency percentiles against load")
@@ -133,12 +138,13 @@ def _knee_latency_ms(curve: LoadCurve) -> float | None:
     return None
 
 
-def _plain_ms(value: float, _pos: float) -> str:
-    """A log axis' tick as a plain number; minor ticks only at 2 and 5 of a decade."""
+def _plain_ms(value: float, *, narrow: bool) -> str:
+    """A log axis' tick as a plain number: on an axis spanning about a decade or less every
+    tick is labelled, on a wider one the 1, 2 and 5 of each decade."""
     if value <= 0:
         return ""
-    mantissa = value / 10 ** math.floor(math.log10(value) + 1e-9)
-    if round(mantissa, 6) not in (1.0, 2.0, 5.0):
+    mantissa = round(value / 10 ** math.floor(math.log10(value) + 1e-9), 6)
+    if not narrow and mantissa not in (1.0, 2.0, 5.0):
         return ""
     return f"{value:g}"
 
@@ -167,5 +173,9 @@ def _achieved(ax: Axes, curve: LoadCurve) -> None:
     ax.set_title("throughput against load")
     ax.set_xlim(left=0)
     ax.set_ylim(bottom=0)
+    if curve.key == "concurrency":
+        from matplotlib.ticker import MaxNLocator
+
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(True, alpha=0.3)
     ax.legend(loc="upper left", fontsize=9)
