@@ -131,3 +131,17 @@ def test_a_saturated_worker_shows_the_lag_that_decided_it() -> None:
         "worker 0 (vm) was saturated: loop lag P99 5.6 ms, pacer lag P99 0.1 ms, "
         "read lag P99 14.0 ms (limit 10 ms)"
     ]
+
+
+def test_a_sweep_point_shows_the_slo_figure_its_verdict_rests_on() -> None:
+    from latency_analyzer.cli.sweep import point_line
+    from latency_analyzer.load._knee import LoadPoint
+    from latency_analyzer.load._slo import SloReport, parse_slos
+
+    slos = parse_slos("e2e_mean=16ms,e2e_p95=50ms")
+    report = SloReport(slos, [17.25e6, 29.6e6], good=40, counted=50, span_s=1.0)
+    lat = {f"{m}_p{q}": 10e6 for m in ("ttft", "e2e") for q in (50, 95, 99)}
+    point = LoadPoint(2, "rate", 100.0, 50, 0, 98.0, latency_ns=lat, slo=report)
+    line = point_line(point)
+    assert line.endswith("; e2e_mean 17.2 ms, goodput 40 req/s, SLO NOT met")
+    assert "e2e_p95 " not in line  # already in the line's P50/P95/P99 of e2e
