@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import latency_analyzer as la
 from latency_analyzer.testing.delay_proxy import _End, _finish
@@ -54,9 +57,16 @@ def test_it_prints_the_url_to_give_the_cli_and_serves_one_slot_at_a_time() -> No
     with subprocess.Popen([*argv, "--slots", "1"], stdout=subprocess.PIPE, text=True) as proc:
         try:
             assert proc.stdout is not None
-            first = proc.stdout.readline()
+            first, hint = proc.stdout.readline(), proc.stdout.readline()
             url = first.split()[2]
             assert url.startswith("http://127.0.0.1:") and url.endswith("/v1/chat/completions")
+            # the example it prints is a request the server answers (a POST with a body)
+            assert f'latency-analyzer probe {url} -d \'{{"messages"' in hint
+            argv_hint = shlex.split(hint.split("e.g.", 1)[1])
+            exe = str(Path(sys.executable).with_name(argv_hint[0]))
+            probe = subprocess.run([exe, *argv_hint[1:], "--json"], capture_output=True, timeout=60)
+            assert probe.returncode == 0, probe.stderr
+            assert json.loads(probe.stdout)["output_tokens"] == 1
             body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
 
             async def two() -> list[la.Waterfall]:

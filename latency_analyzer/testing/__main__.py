@@ -85,7 +85,9 @@ async def _serve(args: argparse.Namespace) -> None:
     llm_server = LLMServer(**knobs, slots=args.slots)
     async with llm_server as llm, DNSServer(delay=args.dns_delay) as dns:
         print(f"LLM server: {llm.url}/v1/chat/completions   DNS server: {dns.nameserver}")
-        print(f"  e.g. latency-analyzer probe {llm.url}/v1/chat/completions", flush=True)
+        body = '{"messages": [{"role": "user", "content": "hi"}], "stream": true}'
+        print(f"  e.g. latency-analyzer probe {llm.url}/v1/chat/completions -d '{body}'")
+        print(f"       latency-analyzer run --url {llm.url}/v1/chat/completions", flush=True)
         await asyncio.Event().wait()
 
 
