@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from latency_analyzer.analysis import Estimate, money_case
@@ -145,3 +147,17 @@ def test_a_sweep_point_shows_the_slo_figure_its_verdict_rests_on() -> None:
     line = point_line(point)
     assert line.endswith("; e2e_mean 17.2 ms, goodput 40 req/s, SLO NOT met")
     assert "e2e_p95 " not in line  # already in the line's P50/P95/P99 of e2e
+
+
+def test_compare_names_a_file_that_is_not_a_run_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from latency_analyzer.cli import main
+
+    day1 = Path(__file__).parent / "fixtures" / "runs" / "day1.jsonl"
+    page = tmp_path / "page.html"
+    page.write_text("<!doctype html><p>a report, not a run</p>\n")
+    assert main(["compare", str(page), str(day1)]) == 2
+    assert f"{page}: line 1 is not JSON; not a run file" in capsys.readouterr().err
+    assert main(["compare", str(day1), str(tmp_path / "missing.jsonl")]) == 2
+    assert "missing.jsonl: cannot read the run file" in capsys.readouterr().err
