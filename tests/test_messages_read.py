@@ -161,3 +161,24 @@ def test_compare_names_a_file_that_is_not_a_run_file(
     assert f"{page}: line 1 is not JSON; not a run file" in capsys.readouterr().err
     assert main(["compare", str(day1), str(tmp_path / "missing.jsonl")]) == 2
     assert "missing.jsonl: cannot read the run file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["run"], "no target: give --url URL"),
+        (["run", "--preset", "long_tail"], "no target: give --url URL"),
+        (["sweep", "--rate", "1,2"], "no target: give --url URL"),
+        (
+            ["run", "--url", "http://127.0.0.1:9/v1/chat/completions"],
+            "a run needs a bound: 'duration' (--duration SECONDS), 'requests' (--requests N)",
+        ),
+    ],
+)
+def test_a_run_without_a_target_or_a_bound_says_which_flag_to_give(
+    argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from latency_analyzer.cli import main
+
+    assert main(argv) == 2
+    assert says in capsys.readouterr().err

@@ -147,6 +147,11 @@ def _scenario(args: argparse.Namespace) -> Scenario:
     flags["warmup_seconds"] = args.warmup_seconds
     flags["warmup_requests"] = args.warmup_requests
     given = {k: v for k, v in flags.items() if v is not None} | request_overrides(args)
+    if not args.scenario and args.url is None:
+        raise UsageError(
+            "no target: give --url URL (e.g. http://host:8000/v1/chat/completions), or a "
+            "SCENARIO.toml whose url names it"
+        )
     if args.scenario:
         return finish_scenario(load_scenario(args.scenario, **given)[0], args)
     if args.preset:
