@@ -182,3 +182,11 @@ def test_a_run_without_a_target_or_a_bound_says_which_flag_to_give(
 
     assert main(argv) == 2
     assert says in capsys.readouterr().err
+
+
+def test_an_slo_without_a_unit_is_refused_not_read_as_seconds() -> None:
+    from latency_analyzer.load._slo import parse_slos
+
+    with pytest.raises(UsageError, match="'800' has no unit; write 800ms or 800s"):
+        parse_slos("ttft_p95=800")
+    assert parse_slos("ttft_p95=800ms")[0].limit_ns == 800_000_000
