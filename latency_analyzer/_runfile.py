@@ -14,7 +14,20 @@ from .analysis import SET_SCHEMA, Tags
 from .errors import UsageError
 from .timeline import Waterfall
 
-__all__ = ["read_run"]
+__all__ = ["check_run_file", "read_run"]
+
+
+def check_run_file(path: str | Path) -> None:
+    """Raise unless ``path`` is a readable run file (its header, and its first request).
+
+    For what loads a run as columns (``WaterfallSet.load``), so that a wrong file is named as
+    such rather than failing later with what its missing rows lead to.
+
+    Raises:
+        UsageError: as :func:`read_run` does, naming the file, the line and the reason.
+    """
+    for _ in read_run(path):
+        return
 
 
 def read_run(path: str | Path) -> Iterator[tuple[Waterfall, Tags]]:

@@ -208,6 +208,9 @@ def _months(e: Estimate, which: str) -> str:
     def one(x: float) -> str:
         return "never" if math.isinf(x) else "n/a" if math.isnan(x) else f"{x:.3g}"
 
+    shown = (e.value,) if which == "claimed" else (e.value, e.low, e.high)
+    if all(math.isinf(x) for x in shown):
+        return "never"  # not "never [never, never] months"
     if which == "claimed":
         return f"{one(e.value)} months"
     return f"{one(e.value)} [{one(e.low)}, {one(e.high)}] months"

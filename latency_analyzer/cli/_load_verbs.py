@@ -15,6 +15,7 @@ from ..load._files import load_scenario
 from ..load._presets import PRESETS
 from ..load._scenario import Scenario, kind_of
 from ._run_options import add_request_arguments
+from .run import ARRIVAL_HELP, MODE_HELP
 from .run import _scenario as run_scenario
 
 if sys.version_info >= (3, 11):
@@ -35,14 +36,21 @@ def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("scenario", nargs="?", metavar="SCENARIO.toml", help="scenario file")
     p.add_argument("--preset", choices=sorted(PRESETS), help="start from a field scenario")
     p.add_argument("--url", help="endpoint, e.g. http://host:8000/v1/chat/completions")
-    p.add_argument("--mode", choices=("closed", "open"))
-    p.add_argument("--arrival", choices=("constant", "poisson", "gamma", "burst"))
+    p.add_argument("--mode", choices=("closed", "open"), help=MODE_HELP)
+    p.add_argument(
+        "--arrival", choices=("constant", "poisson", "gamma", "burst"), help=ARRIVAL_HELP
+    )
     p.add_argument("--duration", type=float, metavar="SECONDS", help="of each point")
     p.add_argument("--requests", type=int, metavar="N", help="of each point")
     p.add_argument("--warmup-seconds", type=float, metavar="SECONDS", help="of each point")
     p.add_argument("--warmup-requests", type=int, metavar="N", help="of each point")
     add_request_arguments(p)
-    p.add_argument("--out", default="run.jsonl", metavar="FILE", help="Default: %(default)r")
+    p.add_argument(
+        "--out",
+        default="run.jsonl",
+        metavar="FILE",
+        help="the one run file every point is appended to. Default: %(default)r",
+    )
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     for flag in _RUN_ONLY:  # `run`'s, refused with the reason rather than as unknown
         p.add_argument(flag, help=argparse.SUPPRESS)

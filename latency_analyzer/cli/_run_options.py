@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
-from ..load._checks import request_headers
+from ..load._checks import check_warmup, request_headers
 from ..load._datasets import check_fits, load_dataset
 from ..load._lengths import filter_dataset, lengths_for, resolve_lengths
 from ..load._scenario import Scenario
@@ -173,6 +173,7 @@ def finish_scenario(sc: Scenario, args: argparse.Namespace) -> Scenario:
     merged = {k: {**(getattr(sc, k) or {}), **given[k]} for k in keys}
     if merged:
         sc = sc.replace(**merged)
+    check_warmup(sc)  # a warm-up that takes every request leaves nothing to summarise
     request_headers(sc)  # an unset variable is an error now, before anything runs
     lengths = lengths_for(sc)  # so is a tokenizer that cannot be read
     if sc.dataset is not None:  # or a bad dataset

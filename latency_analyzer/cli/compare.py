@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .._runfile import check_run_file
 from ..analysis import WaterfallSet, compare
 from ..analysis._reproduce import Reproduction, parse_tolerance, reproduce
 from ..errors import UsageError
@@ -47,7 +48,7 @@ def add_compare_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentP
         choices=("auto", "name", "position"),
         help="pair scenarios by name, by position, or by name when shared (Default: auto)",
     )
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_compare)
 
 
@@ -75,6 +76,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if n > 2 and args.pair_by is not None:
         raise UsageError(f"--pair-by pairs the scenarios of two runs; it cannot apply to {n}")
     check_verdict_options(args, n)
+    for path in args.runs:
+        check_run_file(path)  # a wrong file is named, not left to fail in the statistics
     sets = [WaterfallSet.load(p) for p in args.runs]
     out: dict[str, Any] = {}
     text: list[str] = []

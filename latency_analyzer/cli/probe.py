@@ -40,9 +40,13 @@ def _body(spec: str | None) -> tuple[Any, str | None]:
 def add_probe_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``probe``: curl-like request options, the waterfall as text or ``--json``."""
     p = subparsers.add_parser("probe", help="time one request and show where its time went")
-    p.add_argument("url")
+    p.add_argument("url", help="http(s) URL, e.g. https://host/v1/chat/completions")
     p.add_argument(
-        "-X", "--request", dest="method", metavar="METHOD", help="default: POST with -d, else GET"
+        "-X",
+        "--request",
+        dest="method",
+        metavar="METHOD",
+        help="HTTP method (default: POST with -d, else GET)",
     )
     p.add_argument(
         "-H",
@@ -52,6 +56,7 @@ def add_probe_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         type=_header,
         default=[],
         metavar="'NAME: VALUE'",
+        help="a request header (repeatable); never printed or stored",
     )
     p.add_argument("-d", "--data", metavar="DATA|@FILE", help="request body; JSON is sent as JSON")
     p.add_argument(

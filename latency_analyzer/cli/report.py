@@ -29,7 +29,11 @@ def add_report_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
         "runs", nargs="+", metavar="RUN.jsonl", help="one run, or a baseline and a candidate"
     )
     p.add_argument(
-        "-o", "--out", default="report.html", metavar="OUT.html", help="Default: %(default)r"
+        "-o",
+        "--out",
+        default="report.html",
+        metavar="OUT.html",
+        help="the page to write. Default: %(default)r",
     )
     p.add_argument("--title", help="the page's title (default: the run files' names)")
     p.add_argument(

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..errors import UsageError
 from ..load._files import load_scenario, scenario_preset
 from ..load._presets import PRESETS, length_buckets, preset_scenario, run_fault_injection
 from ..load._progress import ProgressLine
@@ -25,28 +26,69 @@ from ..load.distributed import auto_workers, run_ray_sync, run_workers_sync
 from ..metrics import Scraper, Target, summary_text
 from ._run_options import add_request_arguments, finish_scenario, request_overrides
 
-__all__ = ["add_run_parser", "cmd_run"]
+__all__ = ["ARRIVAL_HELP", "MODE_HELP", "add_run_parser", "cmd_run"]
+
+_OUTAGE_AT, _OUTAGE_S = 3.0, 1.0  # the fault_injection run's outage: start, length (s)
+
+MODE_HELP = "closed: users send again once answered; open: arrivals on a schedule (--rate)"
+ARRIVAL_HELP = (
+    "open loop: how arrivals are spaced (gamma: burstier than poisson; burst: all at t=0)"
+)
 
 
 def add_run_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``run``: a scenario file or a preset, flags override; writes the set as JSONL."""
-    p = subparsers.add_parser("run", help="run a load scenario and summarise it")
+    p = subparsers.add_parser(
+        "run",
+        help="run a load scenario and summarise it",
+        description="Run a load scenario (a file, a --preset, or flags alone with --url) and "
+        "print its summary; flags override the file's keys.",
+    )
     p.add_argument("scenario", nargs="?", metavar="SCENARIO.toml", help="scenario file")
     p.add_argument("--preset", choices=sorted(PRESETS), help="start from a field scenario")
     p.add_argument("--url", help="endpoint, e.g. http://host:8000/v1/chat/completions")
-    p.add_argument("--mode", choices=("closed", "open"))
-    p.add_argument("--concurrency", type=int, metavar="N")
-    p.add_argument("--rate", type=float, metavar="REQ_PER_S")
-    p.add_argument("--arrival", choices=("constant", "poisson", "gamma", "burst"))
-    p.add_argument("--duration", type=float, metavar="SECONDS")
-    p.add_argument("--requests", type=int, metavar="N")
-    p.add_argument("--warmup-seconds", type=float, metavar="SECONDS")
-    p.add_argument("--warmup-requests", type=int, metavar="N")
+    p.add_argument("--mode", choices=("closed", "open"), help=MODE_HELP)
+    p.add_argument("--concurrency", type=int, metavar="N", help="closed loop: users")
+    p.add_argument("--rate", type=float, metavar="REQ_PER_S", help="open loop: arrivals per second")
+    p.add_argument(
+        "--arrival", choices=("constant", "poisson", "gamma", "burst"), help=ARRIVAL_HELP
+    )
+    p.add_argument(
+        "--duration", type=float, metavar="SECONDS", help="seconds during which requests start"
+    )
+    p.add_argument("--requests", type=int, metavar="N", help="requests to send")
+    p.add_argument(
+        "--warmup-seconds",
+        type=float,
+        metavar="SECONDS",
+        help="requests starting in the first SECONDS are left out of the statistics",
+    )
+    p.add_argument(
+        "--warmup-requests",
+        type=int,
+        metavar="N",
+        help="the first N requests are left out of the statistics",
+    )
     add_request_arguments(p)
-    p.add_argument("--out", default="run.jsonl", metavar="FILE", help="Default: %(default)r")
+    p.add_argument(
+        "--out",
+        default="run.jsonl",
+        metavar="FILE",
+        help="the run file (JSONL) for compare, diagnose, export, report. Default: %(default)r",
+    )
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.add_argument("--outage-at", type=float, default=3.0, metavar="SECONDS")
-    p.add_argument("--outage", type=float, default=1.0, metavar="SECONDS")
+    p.add_argument(
+        "--outage-at",
+        type=float,
+        metavar="SECONDS",
+        help=f"--preset fault_injection: when the target goes down (default: {_OUTAGE_AT:g})",
+    )
+    p.add_argument(
+        "--outage",
+        type=float,
+        metavar="SECONDS",
+        help=f"--preset fault_injection: how long it stays down (default: {_OUTAGE_S:g})",
+    )
     p.add_argument(
         "--scrape",
         action="append",
@@ -55,7 +97,11 @@ def add_run_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
         help="a Prometheus /metrics endpoint to scrape during the run (repeatable)",
     )
     p.add_argument(
-        "--scrape-interval", type=float, default=1.0, metavar="SECONDS", help="Default: %(default)r"
+        "--scrape-interval",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="seconds between scrapes. Default: %(default)r",
     )
     p.add_argument(
         "--ray",
@@ -101,6 +147,11 @@ def _scenario(args: argparse.Namespace) -> Scenario:
     flags["warmup_seconds"] = args.warmup_seconds
     flags["warmup_requests"] = args.warmup_requests
     given = {k: v for k, v in flags.items() if v is not None} | request_overrides(args)
+    if not args.scenario and args.url is None:
+        raise UsageError(
+            "no target: give --url URL (e.g. http://host:8000/v1/chat/completions), or a "
+            "SCENARIO.toml whose url names it"
+        )
     if args.scenario:
         return finish_scenario(load_scenario(args.scenario, **given)[0], args)
     if args.preset:
@@ -119,6 +170,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     130 on Ctrl-C, after the requests in flight are stored as cancelled)."""
     sc = _scenario(args)
     preset = args.preset or _file_preset(args.scenario)
+    if preset != "fault_injection" and (args.outage_at is not None or args.outage is not None):
+        raise UsageError(
+            "--outage-at / --outage apply only to the fault_injection scenario (--preset "
+            'fault_injection, or preset = "fault_injection" in the file): no other run takes '
+            "its target down"
+        )
     update, stop = _progress(sc)
     extra: dict[str, Any] = {}
     try:
@@ -126,8 +183,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             fr = asyncio.run(
                 run_fault_injection(
                     sc,
-                    outage_at=args.outage_at,
-                    outage_s=args.outage,
+                    outage_at=_OUTAGE_AT if args.outage_at is None else args.outage_at,
+                    outage_s=_OUTAGE_S if args.outage is None else args.outage,
                     path=args.out,
                     progress=update,
                 )
@@ -191,4 +248,4 @@ def _print_run(result: RunResult, args: argparse.Namespace, extra: dict[str, Any
         print(summary_text(result.metrics))
     for key, value in extra.items():
         print(f"{key}: {json.dumps(value)}")
-    print(f"set written to {args.out}", file=sys.stderr)
+    print(f"run file written to {args.out}", file=sys.stderr)

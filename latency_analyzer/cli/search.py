@@ -97,5 +97,5 @@ def cmd_search(args: argparse.Namespace) -> int:
         print(json.dumps(found.to_dict()))
     else:
         print("\n".join(found.lines()))
-    print(f"set written to {args.out}", file=sys.stderr)
+    print(f"run file written to {args.out}", file=sys.stderr)
     return 0 if found.rate is not None else 1

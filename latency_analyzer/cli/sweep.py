@@ -113,12 +113,24 @@ def point_line(p: LoadPoint) -> str:
     )
     if p.slo is not None:
         goodput = p.slo.goodput_rps
-        text += f"; goodput {goodput:.3g} req/s, SLO {'met' if p.met else 'NOT met'}"
+        text += f"; {_unshown(p)}goodput {goodput:.3g} req/s, SLO {'met' if p.met else 'NOT met'}"
     if p.errors:
         text += f"; {p.errors} errors"
     if not p.follows:
         text += "; achieved < 90% of offered"
     return text
+
+
+def _unshown(p: LoadPoint) -> str:
+    """The SLO statistics the line does not already show (``e2e_mean 15.2 ms, ``), so a
+    verdict can be read against its figure; the P50/P95/P99 of TTFT, TPOT and e2e are there."""
+    assert p.slo is not None
+    shown = {f"{m}_p{q}" for m in ("ttft", "tpot", "e2e") for q in (50, 95, 99)}
+    out = ""
+    for slo, value in zip(p.slo.slos, p.slo.measured_ns, strict=True):
+        if slo.key not in shown:
+            out += f"{slo.key} {'-' if math.isnan(value) else f'{value / 1e6:.1f}'} ms, "
+    return out
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -153,7 +165,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                 "(under 90% of it)"
             )
     print(
-        f"set written to {args.out}" + ("" if plot is None else f", plot to {plot}"),
+        f"run file written to {args.out}" + ("" if plot is None else f", plot to {plot}"),
         file=sys.stderr,
     )
     return 0 if all(p.errors == 0 for p in points) else 1
@@ -209,5 +221,6 @@ def _write_plot(
         knee_rule=f"{KNEE_RULE} of {args.knee_metric}",
         title=f"sweep of {points[0].key}: {Path(args.out).name}",
         passed=[p.met for p in points],
+        knee_metric=args.knee_metric,
     )
     plot_load_curve(curve).savefig(path, dpi=110)

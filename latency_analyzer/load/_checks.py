@@ -20,7 +20,7 @@ from ..errors import UsageError
 if TYPE_CHECKING:
     from ._scenario import Scenario
 
-__all__ = ["check_headers", "check_modes", "flag_name", "request_headers"]
+__all__ = ["check_headers", "check_modes", "check_warmup", "flag_name", "request_headers"]
 
 # RFC 9110 field names: a token
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
@@ -92,6 +92,29 @@ def check_modes(sc: Scenario) -> None:
     _check_sources(sc)
 
 
+def check_warmup(sc: Scenario) -> None:
+    """Raise when the warm-up would take every request, leaving the statistics empty.
+
+    Checked on the scenario a user gave, not on a worker's share of it (whose request count
+    and warm-up are rounded separately).
+
+    Raises:
+        UsageError: ``warmup_seconds`` not below ``duration``, or ``warmup_requests`` not
+            below ``requests``.
+    """
+    for warm, bound, unit in (
+        ("warmup_seconds", "duration", "s"),
+        ("warmup_requests", "requests", ""),
+    ):
+        w, b = getattr(sc, warm), getattr(sc, bound)
+        if w and b and w >= b:
+            raise UsageError(
+                f"{_named(warm)} is {w:g}{unit}, not below {_named(bound)}, {b:g}{unit}: every "
+                "request would be warm-up, left out of the statistics; shorten the warm-up "
+                "(0 for none) or lengthen the run"
+            )
+
+
 def check_headers(headers: Mapping[str, Any], header_env: Mapping[str, Any]) -> None:
     """Header names must be tokens, values strings without line breaks, env names valid.
 
@@ -160,7 +183,8 @@ def request_headers(sc: Scenario) -> dict[str, str]:
             if value is None:
                 raise UsageError(
                     f"header_env: header {name!r} is read from the environment variable "
-                    f"{var}, which is not set"
+                    f"{var}, which is not set: export {var}=..., or drop {name!r} from "
+                    "header_env (--header-env)"
                 )
             if "\r" in value or "\n" in value:
                 raise UsageError(f"header_env: the environment variable {var} holds a line break")

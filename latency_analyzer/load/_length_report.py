@@ -107,5 +107,6 @@ def _received(p: Mapping[str, Any], what: str) -> str:
     d = p["difference"]
     return (
         f"received ({what}) mean {p['received_mean']:.1f}; received − requested median "
-        f"{d['median']:+.0f} [{d['min']:+d}, {d['max']:+d}] over {p['received_n']} requests"
+        f"{d['median']:+.0f}, range [{d['min']:+d}, {d['max']:+d}] over {p['received_n']} "
+        "requests"
     )

@@ -17,7 +17,7 @@ from ._monitor import ClientHealth, LoopMonitor, Pacer
 from ._run_state import RunState
 from ._scenario import Scenario
 
-__all__ = ["RunResult", "result_of", "spans_dropped"]
+__all__ = ["RunResult", "completed_in_window", "result_of", "spans_dropped"]
 
 _SATURATION_RATIO = 0.9
 
@@ -115,19 +115,44 @@ def _http_tls(ws: WaterfallSet, tls_versions: set[str]) -> None:
     ws.note("fingerprint", ws.meta["fingerprint"])  # the file's header was written before
 
 
+#: The target is judged on a window at least this many of its early latencies long: in a
+#: shorter one the requests still in flight as the arrivals stop (by Little's law, a share of
+#: about mean latency / window) are more than the 10 % tolerated.
+_JUDGED_LATENCIES = 10
+
+
+def completed_in_window(
+    start_ns: np.ndarray[Any, Any], e2e_ns: np.ndarray[Any, Any], issue_end_ns: int
+) -> int | None:
+    """Requests done by the end of the arrivals, that end shifted by the early requests' mean
+    latency (the first completion comes a latency after the first arrival, and the last
+    arrivals, finishing in the usual time, count); None when the window is shorter than
+    :data:`_JUDGED_LATENCIES` of those latencies, too short for completions to tell."""
+    order = np.argsort(start_ns)
+    first = e2e_ns[order][: max(1, len(order) // 4)]
+    early = float(first.mean())
+    window = issue_end_ns - int(start_ns.min())
+    if window < _JUDGED_LATENCIES * early:
+        return None
+    return int(np.count_nonzero(start_ns + e2e_ns <= issue_end_ns + early))
+
+
 def _target_check(r: RunState, res: RunResult) -> None:
     """Did the target keep up with the offered rate? Completions while arrivals were still
-    coming (per second of that window) against the rate, and latency's growth over the run."""
+    coming (:func:`completed_in_window`, per second of that window) against the rate, and
+    latency's growth over the run."""
     ws = r.ws
     start = ws.column("start_ns")
-    end = start + ws.column("e2e_ns")
     window = (r.issue_end_ns - r.t0) / 1e9
     if window <= 0 or len(ws) < 20:
         return
     offered = len(ws) / window
-    done = float(np.count_nonzero(end <= r.issue_end_ns)) / window
-    order = np.argsort(start)
-    e2e = ws.column("e2e_ns")[order]
+    e2e = ws.column("e2e_ns")
+    completed = completed_in_window(start, e2e, r.issue_end_ns)
+    if completed is None:
+        return
+    done = completed / window
+    e2e = e2e[np.argsort(start)]
     quarter = max(1, len(e2e) // 4)
     growth = float(np.median(e2e[-quarter:]) / max(1.0, float(np.median(e2e[:quarter]))))
     res.offered_rps, res.completed_in_window_rps, res.latency_growth = offered, done, growth

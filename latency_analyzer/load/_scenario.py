@@ -197,7 +197,10 @@ class Scenario:
         if self.arrival not in ARRIVALS:
             raise UsageError(f"arrival must be one of {ARRIVALS}, got {self.arrival!r}")
         if self.duration is None and self.requests is None and self.trace is None:
-            raise UsageError("give duration=, requests= or both")
+            raise UsageError(
+                "a run needs a bound: 'duration' (--duration SECONDS), 'requests' (--requests "
+                "N) or both"
+            )
         check_modes(self)
         check_headers(self.headers, self.header_env)
         timed = self.trace is None and self.arrival != "burst"  # a trace is its own schedule

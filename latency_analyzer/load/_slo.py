@@ -57,8 +57,8 @@ def parse_slos(text: str) -> list[Slo]:
     """Parse ``"ttft_p95=800ms,tpot_p99=50ms"``.
 
     Raises:
-        UsageError: an unknown key, a value that is not a duration, a per-token metric
-            (``itl``: goodput counts requests), a key given twice.
+        UsageError: an unknown key, a value that is not a duration or has no unit, a
+            per-token metric (``itl``: goodput counts requests), a key given twice.
     """
     out: list[Slo] = []
     for item in (x.strip() for x in text.split(",")):
@@ -71,6 +71,8 @@ def parse_slos(text: str) -> list[Slo]:
         name, stat, quantile = parse_key(key)
         if name not in (*METRIC_NAMES, *STAGE_NAMES) or name == "itl":
             raise UsageError(f"SLO {key!r}: itl is per token and goodput counts requests; use tpot")
+        if _is_number(value):  # 800 would be read as 800 s: the unit is the user's to say
+            raise UsageError(f"SLO {key!r}: {value!r} has no unit; write {value}ms or {value}s")
         try:
             limit = parse_duration_ns(value)
         except UsageError as exc:
@@ -81,6 +83,14 @@ def parse_slos(text: str) -> list[Slo]:
     if not out:
         raise UsageError("no SLO given; expected e.g. ttft_p95=800ms,tpot_p99=50ms")
     return out
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)

@@ -44,11 +44,13 @@ def _svg_rows(wf: Waterfall) -> list[tuple[str, Span, bool]]:
 
 def waterfall_svg(wf: Waterfall) -> str:
     """One request as an inline SVG: a bar per stage (server spans indented, hatched lighter),
-    token arrivals as ticks over the decode bar, durations at the right."""
+    token arrivals as ticks over the decode bar, durations at the right, and the time between
+    the stages (``other``, which no bar shows) in a last row."""
     rows = _svg_rows(wf)
+    other = wf.attribution().get("other", 0.0)
     total = max(wf.e2e_ns, 1)
     scale = _BAR_W / total
-    width, height = _LABEL_W + _BAR_W + _VALUE_W, _ROW_H * (len(rows) + 1)
+    width, height = _LABEL_W + _BAR_W + _VALUE_W, _ROW_H * (len(rows) + 1 + (other > 0))
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
         f'font-family="sans-serif" font-size="11" role="img">'
@@ -75,6 +77,15 @@ def waterfall_svg(wf: Waterfall) -> str:
                 f'x2="{_LABEL_W + (t - wf.start_ns) * scale:.1f}" y2="{y + 3}" stroke="#222"/>'
                 for t in wf.chunk_times_ns
             ]
+    if other > 0:  # time between the stages: no bar of its own, so a row says how much
+        y = _ROW_H * (len(rows) + 1)
+        out.append(
+            f'<text x="{_LABEL_W - 6}" y="{y + 12}" text-anchor="end" fill="#666">other</text>'
+            f'<text x="{_LABEL_W + _BAR_W - 4}" y="{y + 12}" text-anchor="end" fill="#666">'
+            "between the stages</text>"
+            f'<text x="{_LABEL_W + _BAR_W + 4}" y="{y + 12}" fill="#333">'
+            f"{_esc(_ms(other))}</text>"
+        )
     out.append(
         f'<text x="{_LABEL_W}" y="12" fill="#333">0</text>'
         f'<text x="{_LABEL_W + _BAR_W}" y="12" text-anchor="end" fill="#333">'

@@ -142,7 +142,8 @@ def _clock(wf: Waterfall) -> list[str]:
     if wf.read_lag_p50 is not None and wf.read_lag_max is not None:
         line += f" · read lag median {_ms(wf.read_lag_p50)}, max {_ms(wf.read_lag_max)}"
     if wf.shared_read_chunks:
-        line += f" · {len(wf.shared_read_chunks)} chunks read with later bytes"
+        n = len(wf.shared_read_chunks)
+        line += f" · {n} chunk{'' if n == 1 else 's'} read with later bytes"
     return [line]
 
 

@@ -1,11 +1,11 @@
 """Run the test bed from the command line.
 
-``python -m latency_analyzer.testing [--decode S] [--prefill S] ...`` serves an
+``python -m latency_analyzer.testing [--decode S] [--prefill S] [--slots N] ...`` serves an
 :class:`~latency_analyzer.testing.LLMServer` and a :class:`~latency_analyzer.testing.DNSServer`
-on loopback until interrupted, printing their addresses. ``llm-server CONFIG_JSON`` is the
-child side of :meth:`LLMServer.run_in_subprocess`, ``h2-server CONFIG_JSON`` that of
-:meth:`H2LLMServer.run_in_subprocess` and ``bed CONFIG_JSON`` that of
-:class:`~latency_analyzer.testing.TestBed` (none is meant for humans).
+on loopback until interrupted, printing the chat completions URL and the DNS server's address.
+``llm-server CONFIG_JSON`` is the child side of :meth:`LLMServer.run_in_subprocess`,
+``h2-server CONFIG_JSON`` that of :meth:`H2LLMServer.run_in_subprocess` and ``bed CONFIG_JSON``
+that of :class:`~latency_analyzer.testing.TestBed` (none is meant for humans).
 """
 
 from __future__ import annotations
@@ -31,22 +31,63 @@ _CHILDREN: dict[str, Callable[[str], None]] = {
 }
 
 
+_KNOBS = {  # option → what it injects (seconds)
+    "header_delay": "from the request read to the response headers",
+    "queue": "after the headers, a scheduler queue before prefill",
+    "prefill": "from the end of the queue to the first token",
+    "decode": "between consecutive tokens",
+}
+
+
 def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m latency_analyzer.testing",
-        description="Serve the loopback LLM and DNS test servers until interrupted.",
+        description=(
+            "Serve the loopback LLM and DNS test servers until interrupted (Ctrl-C). The first "
+            "line printed is the URL to give latency-analyzer (probe URL, run --url URL)."
+        ),
     )
-    for knob in ("header_delay", "queue", "prefill", "decode"):
-        parser.add_argument(f"--{knob.replace('_', '-')}", type=float, default=0.0, metavar="S")
-    parser.add_argument("--tokens", type=int, default=16, metavar="N")
-    parser.add_argument("--dns-delay", type=float, default=0.0, metavar="S")
+    for knob, what in _KNOBS.items():
+        parser.add_argument(
+            f"--{knob.replace('_', '-')}",
+            type=float,
+            default=0.0,
+            metavar="S",
+            help=f"seconds {what} (default: 0)",
+        )
+    parser.add_argument(
+        "--tokens",
+        type=int,
+        default=16,
+        metavar="N",
+        help="output tokens per response (default: 16)",
+    )
+    parser.add_argument(
+        "--slots",
+        type=int,
+        default=0,
+        metavar="N",
+        help="requests served at once, the others queued in arrival order (default: 0, no limit; "
+        "1 with a fixed --prefill makes an M/D/1 queue, whose knee a sweep shows)",
+    )
+    parser.add_argument(
+        "--dns-delay",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="seconds the DNS server waits before each answer (default: 0)",
+    )
     return parser.parse_args(argv)
 
 
 async def _serve(args: argparse.Namespace) -> None:
     knobs = {k: getattr(args, k) for k in ("header_delay", "queue", "prefill", "decode", "tokens")}
-    async with LLMServer(**knobs) as llm, DNSServer(delay=args.dns_delay) as dns:
-        print(f"LLM server: {llm.url}/v1   DNS server: {dns.nameserver}", flush=True)
+    llm_server = LLMServer(**knobs, slots=args.slots)
+    async with llm_server as llm, DNSServer(delay=args.dns_delay) as dns:
+        print(f"LLM server: {llm.url}/v1/chat/completions   DNS server: {dns.nameserver}")
+        body = '{"messages": [{"role": "user", "content": "hi"}], "stream": true}'
+        print(f"  e.g. latency-analyzer probe {llm.url}/v1/chat/completions -d '{body}'")
+        print(f"       latency-analyzer run --url {llm.url}/v1/chat/completions", flush=True)
         await asyncio.Event().wait()
 
 

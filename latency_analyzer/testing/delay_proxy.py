@@ -74,7 +74,10 @@ def _finish(sink: asyncio.Transport, end: _End) -> None:
     if end is _End.RESET:
         abort_with_rst(sink)
     elif sink.can_write_eof():
-        sink.write_eof()
+        try:
+            sink.write_eof()
+        except OSError:  # the peer reset the socket before its end was due (ENOTCONN)
+            sink.close()
     else:
         sink.close()
 

@@ -10,7 +10,8 @@ import numpy as np
 from ...analysis import WaterfallSet
 from ...errors import UsageError
 from ...timeline._clock import cristian_offset  # the estimate is the timeline's; named here too
-from .._monitor import ClientHealth
+from .._monitor import LOOP_LAG_LIMIT_S, ClientHealth
+from .._result import completed_in_window
 from .._runner import RunResult
 
 __all__ = [
@@ -128,6 +129,17 @@ def rtt_note(
     )
 
 
+def _lags(client: dict[str, Any]) -> str:
+    """The lags a worker's saturation is judged on, each P99: the loop's (sampled), the
+    pacer's and the reads' (the kernel-stamped one, which decides when there is one)."""
+    shown = [
+        f"{name} lag P99 {client[key]['p99_s'] * 1e3:.1f} ms"
+        for name, key in (("loop", "loop_lag"), ("pacer", "pacer_lag"), ("read", "read_lag"))
+        if client.get(key)
+    ]
+    return ", ".join(shown) + f" (limit {LOOP_LAG_LIMIT_S * 1e3:g} ms)"
+
+
 def worker_notes(reports: list[WorkerReport]) -> list[str]:
     notes = []
     for r in reports:
@@ -138,8 +150,7 @@ def worker_notes(reports: list[WorkerReport]) -> list[str]:
                 f"of its share lost ({r.error})"
             )
         if r.client and r.client.get("saturated"):
-            lag = r.client["loop_lag"]["p99_s"] * 1e3
-            notes.append(f"worker {r.worker} ({r.host}) was saturated: loop lag P99 {lag:.1f} ms")
+            notes.append(f"worker {r.worker} ({r.host}) was saturated: {_lags(r.client)}")
         if abs(r.clock_offset_s) > r.clock_error_s + _CLOCK_WARN_S:
             notes.append(
                 f"worker {r.worker} ({r.host}) wall clock is {r.clock_offset_s * 1e3:+.1f} ms "
@@ -182,9 +193,11 @@ def rates(res: DistributedResult) -> None:
     window = (int(start.max()) - t0) / 1e9
     if window <= 0:
         return
-    end = start + ws.column("e2e_ns")
+    completed = completed_in_window(start, ws.column("e2e_ns"), int(start.max()))
+    if completed is None:
+        return  # too short for completions to tell (see completed_in_window)
     res.offered_rps = len(ws) / window
-    res.completed_in_window_rps = float(np.count_nonzero(end <= start.max())) / window
+    res.completed_in_window_rps = completed / window
     if res.completed_in_window_rps < _SATURATION_RATIO * res.offered_rps:
         res.target_saturated = True
         res.notes.append(
