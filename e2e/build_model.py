@@ -18,16 +18,14 @@ import json
 import random
 from pathlib import Path
 
+from latency_analyzer.testing.tokenizer import WORDS as TEST_WORDS
+
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
 SPECIAL = ["<unk>", "<s>", "</s>", "<|user|>", "<|assistant|>", "<|system|>"]
-WORDS = (  # noqa: SIM905 (a word list reads better as text)
-    "the a server queue token prefill decode latency request stream network time first last "
-    "model batch cache memory kernel thread clock span trace byte packet socket answer question "
-    "why how when fast slow warm cold small large one two three four five"
-).split()
+WORDS = TEST_WORDS  # the test bed's tokenizer corpus words: one list for both
 
 
 def corpus(seed: int, sentences: int = 600) -> list[str]:

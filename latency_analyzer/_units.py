@@ -13,7 +13,7 @@ from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
 
 from .errors import UsageError
 
-__all__ = ["UNITS_NS", "format_ns", "parse_duration_ns"]
+__all__ = ["UNITS_NS", "format_ns", "is_number", "parse_duration_ns"]
 
 #: Accepted unit suffixes and their size in nanoseconds. A bare number is seconds.
 UNITS_NS: dict[str, int] = {
@@ -85,3 +85,12 @@ def format_ns(ns: float) -> str:
     if abs(ns) >= 1e6:
         return f"{ns / 1e6:.2f} ms"
     return f"{ns / 1e3:.1f} µs"
+
+
+def is_number(text: str) -> bool:
+    """Whether ``text`` reads as a bare number (a duration or a metric without its unit)."""
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True

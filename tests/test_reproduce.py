@@ -121,8 +121,12 @@ def test_a_run_without_requests_is_an_error_not_a_pass(
     sets = [build([100.0, 101.0, 99.0]), WaterfallSet()]
     with pytest.raises(UsageError, match="empty: no requests"):
         reproduce(sets, within=0.05, names=["full", "empty"])
-    notes = tmp_path / "notes.md"
-    notes.write_text("# not a run file\n")
     run = Path(__file__).parent / "fixtures" / "runs" / "day1.jsonl"
+    empty = tmp_path / "empty.jsonl"  # a run file's header and no request
+    empty.write_text(run.read_text().splitlines()[0] + "\n")
+    assert cli_main(["compare", str(run), str(empty), "--within", "5%"]) == 2
+    assert "empty: no requests" in capsys.readouterr().err
+    notes = tmp_path / "notes.md"  # not a run file at all: said so, with its name
+    notes.write_text("# not a run file\n")
     assert cli_main(["compare", str(run), str(notes), "--within", "5%"]) == 2
-    assert "notes: no requests" in capsys.readouterr().err
+    assert f"{notes}: line 1 is not JSON; not a run file" in capsys.readouterr().err

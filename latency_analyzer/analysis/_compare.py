@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from .._units import is_number
 from ..errors import UsageError
 from ._set import WaterfallSet
 from ._stats import Estimate, FloatArray, interval, mean_samples, percentile, percentile_samples
@@ -26,17 +27,9 @@ _DEFAULT_STATS = ("p50", "p95", "p99")
 def _split(metric: str) -> tuple[str, str]:
     """``"ttft_p95"`` → ``("ttft", "p95")``; ``"wait_mean"`` → ``("wait", "mean")``."""
     name, sep, stat = metric.rpartition("_")
-    if not sep or not (stat == "mean" or (stat.startswith("p") and _is_number(stat[1:]))):
+    if not sep or not (stat == "mean" or (stat.startswith("p") and is_number(stat[1:]))):
         raise UsageError(f"metric must look like 'ttft_p95' or 'e2e_mean', got {metric!r}")
     return name, stat
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
 
 
 def _point_and_samples(

@@ -29,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .._budget_keys import METRIC_NAMES, STAGE_NAMES, parse_key
-from .._units import format_ns, parse_duration_ns
+from .._units import format_ns, is_number, parse_duration_ns
 from ..analysis import WaterfallSet, percentile
 from ..errors import UsageError
 
@@ -71,7 +71,7 @@ def parse_slos(text: str) -> list[Slo]:
         name, stat, quantile = parse_key(key)
         if name not in (*METRIC_NAMES, *STAGE_NAMES) or name == "itl":
             raise UsageError(f"SLO {key!r}: itl is per token and goodput counts requests; use tpot")
-        if _is_number(value):  # 800 would be read as 800 s: the unit is the user's to say
+        if is_number(value):  # 800 would be read as 800 s: the unit is the user's to say
             raise UsageError(f"SLO {key!r}: {value!r} has no unit; write {value}ms or {value}s")
         try:
             limit = parse_duration_ns(value)
@@ -83,14 +83,6 @@ def parse_slos(text: str) -> list[Slo]:
     if not out:
         raise UsageError("no SLO given; expected e.g. ttft_p95=800ms,tpot_p99=50ms")
     return out
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
 
 
 @dataclass(frozen=True)

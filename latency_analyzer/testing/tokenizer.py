@@ -14,11 +14,12 @@ import json
 import random
 from pathlib import Path
 
-__all__ = ["build_tokenizer", "corpus"]
+__all__ = ["WORDS", "build_tokenizer", "corpus"]
 
 _ALPHABET = " .0123456789abcdefghijklmnopqrstuvwxyz"
 
-_WORDS = (  # noqa: SIM905 (a word list reads better as text)
+#: The plain words of the corpora (e2e/build_model.py trains its model's tokenizer on them too).
+WORDS = (  # noqa: SIM905 (a word list reads better as text)
     "the a server queue token prefill decode latency request stream network time first last "
     "model batch cache memory kernel thread clock span trace byte packet socket answer question "
     "why how when fast slow warm cold small large one two three four five"
@@ -31,7 +32,7 @@ def corpus(seed: int, sentences: int = 600) -> list[str]:
     out = []
     for _ in range(sentences):
         words = [
-            rng.choice(_WORDS) if rng.random() < 0.7 else f"w{rng.randrange(997):03d}"
+            rng.choice(WORDS) if rng.random() < 0.7 else f"w{rng.randrange(997):03d}"
             for _ in range(rng.randint(4, 14))
         ]
         out.append(" ".join(words) + ".")
