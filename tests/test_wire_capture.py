@@ -386,18 +386,29 @@ def _pct(ordered: list[int], q: float) -> int:
 async def test_tokens_read_together_are_flagged_and_stamped_with_the_reads_end(
     llm: SubprocessLLMServer,
 ) -> None:
-    """Our loop blocked for 15 ms while tokens arrive 4 ms apart: they queue, the kernel
-    merges them, and one read returns several. Each but the read's last event is flagged,
-    and the shared stamp is the arrival of the last of them (never before any of them)."""
+    """Our loop is held from the moment the server has the request until the server has
+    written the whole stream: the tokens, 4 ms apart on the wire, wait in the kernel and one
+    read returns several. Each but the read's last event is flagged, and the shared stamp is
+    the arrival of the last of them (never before any of them).
+
+    The hold is made, not hoped for: the first token leaves 25 ms after the server counted
+    the request, and the poll below asks for that count every millisecond our loop runs; so
+    a read of tokens can come before the hold only within one poll interval (less than the
+    4 ms between tokens), and the tokens still queued when it ends are read at once."""
     with PacketCapture(llm.port) as cap:
         async with la.Client(llm.url, keepalive=False) as client:
             wfs = []
             for _ in range(3):
+                finished, received = len(llm.records), llm.requests
                 task = asyncio.create_task(
                     client.request("/v1/chat/completions", json=chat_body(include_usage=False))
                 )
-                await asyncio.sleep(HEADER_DELAY + PREFILL + 0.002)
-                time.sleep(0.015)  # the event loop is held: bytes wait in the kernel
+                while llm.requests == received:  # the server's count: the request is there
+                    await asyncio.sleep(0.001)
+                give_up = time.monotonic() + 10
+                while len(llm.records) == finished:  # the loop is held: bytes wait in the kernel
+                    assert time.monotonic() < give_up, "the server never finished the stream"
+                    time.sleep(0.001)
                 wfs.append(await task)
     for wf, flow in zip(wfs, cap.flows(), strict=True):
         assert wf.ok, wf.error
