@@ -163,8 +163,14 @@ def test_an_injected_round_trip_shows_in_tcp_info_connect_and_tls(
 
 def test_a_pending_handshake_ends_at_the_syn_ack_the_kernel_timed(tmp_path: Path) -> None:
     """Across a 20 ms round trip ``connect`` returns before the handshake is done and asyncio
-    waits for it; the stage still ends at the SYN-ACK's arrival on the client's device (a
-    capture there is the truth), not when our loop saw the socket writable."""
+    waits for it; the stage still lasts the SYN → SYN-ACK time the kernel measured, as a
+    capture on the client's device has it, not until our loop saw the socket writable.
+
+    Its start is the instant our code read just before the syscall that sent the SYN: never
+    after the SYN, earlier by however long the syscall took to send it (a preemption in
+    between moves it, so it has no fixed bound on a busy host), and its end is that instant
+    plus the kernel's handshake time. What the kernel measured is bound; the start is held to
+    the order of events: within the request, before the SYN."""
     _need_line()
     require_tcpdump()
     done = run_behind_line(
@@ -177,21 +183,24 @@ def test_a_pending_handshake_ends_at_the_syn_ack_the_kernel_timed(tmp_path: Path
     out = json.loads(done.stdout)
     wfs = [la.Waterfall.from_dict(d) for d in out["waterfalls"]]
     assert len(out["flows"]) == len(wfs)
-    start, end = [], []
+    handshake, start, end = [], [], []
     for wf, (syn, syn_ack) in zip(wfs, out["flows"], strict=True):
         assert wf.ok, wf.error
         assert_exact(wf)
         connect = wf.stages["connect"]
         assert connect.attributes["clock_source"] == "kernel"
-        assert abs(connect.duration - RTT) <= 0.10 * RTT
-        start.append(abs(connect.start_ns - syn))
-        end.append(abs(connect.end_ns - syn_ack))
-    for name, errors in (("start", start), ("end", end)):
+        assert wf.start_ns <= connect.start_ns <= syn + 5_000  # stamped before the SYN left
+        handshake.append((connect.end_ns - connect.start_ns) - (syn_ack - syn))
+        start.append(connect.start_ns - syn)
+        end.append(connect.end_ns - syn_ack)
+    for name, errors in (("handshake", handshake), ("start", start), ("end", end)):
         print(
-            f"connect {name} - capture: median {statistics.median(errors) / 1e3:.1f} us, "
-            f"max {max(errors) / 1e3:.1f} us"
+            f"connect {name} - capture: median {statistics.median(map(abs, errors)) / 1e3:.1f}"
+            f" us, max {max(map(abs, errors)) / 1e3:.1f} us"
         )
-        assert statistics.median(errors) <= 100_000 and max(errors) <= 500_000, (name, errors)
+    # the kernel's SYN -> SYN-ACK against the capture's: no userspace instant in it
+    worst = max(map(abs, handshake))
+    assert statistics.median(map(abs, handshake)) <= 100_000 and worst <= 500_000, handshake
 
 
 def _tls(wf: la.Waterfall) -> str | None:

@@ -76,6 +76,10 @@ def _handshake_end(sock: StampedSocket, connect_ns: int, now: int) -> tuple[int,
     sample, SYN → SYN-ACK in µs (the smoothed RTT starts at the first sample), taken by the
     kernel whenever our loop got round to the socket. A retransmitted SYN gives no clean
     sample (Karn): then, or without a reading, the end is ``now`` and says ``userspace``.
+
+    ``connect_ns`` is our instant before the syscall that sent the SYN: the span's length is
+    the kernel's, and both of its edges precede the wire's by the time the syscall took to
+    send the SYN (a preemption there shifts them together).
     """
     rtt = sock.handshake_rtt_ns()
     if rtt is None or not connect_ns + rtt <= now:

@@ -16,7 +16,9 @@ class TcpInfo:
     server does with the request. Counters are totals over the connection's life so far.
 
     Attributes:
-        at_ns: when it was read (``perf_counter_ns``).
+        at_ns: when it was read (``perf_counter_ns``): an instant of our event loop, after
+            it had read the bytes the reading follows (a request's last one, for ``tcp_end``);
+            how long after their arrival tells the loop's lateness, not the connection's.
         rtt_us: smoothed round-trip time (srtt), microseconds.
         rttvar_us: its mean deviation, microseconds.
         min_rtt_us: the smallest RTT seen (None: the kernel does not report it).
