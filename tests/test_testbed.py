@@ -543,8 +543,13 @@ async def test_delay_proxy_carries_an_llm_stream_and_resets() -> None:
             await _raw_exchange(proxy.port, _fault("reset", fault_after=1))
 
 
+@pytest.mark.usefixtures("realtime")
 async def test_slots_queue_requests_beyond_the_limit() -> None:
-    """slots=1 with a 30 ms service: three concurrent requests are served one after another."""
+    """slots=1 with a 30 ms service: three concurrent requests are served one after another.
+
+    The waits are the server's own log, but the server shares this process with its clients:
+    at real-time priority the host's other processes cannot stretch a service or a hand-off of
+    the slot, so the log's waits are the injected service times."""
     server = LLMServer(slots=1, header_delay=0.03, tokens=1)
     async with server, aiohttp.ClientSession() as session:
 
