@@ -4,7 +4,10 @@ sweep against the test bed: every point a run in one file, a line per point, the
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -258,24 +261,71 @@ def test_a_sweep_writes_every_point_as_a_run_in_one_file(
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and result["plot"] == str(plot)
 
 
-def test_a_concurrency_sweep_is_a_closed_loop_per_level(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+#: The sweeping client in its own process at real-time priority (as the test bed's servers are,
+#: where the OS allows it): its users send again as soon as they are answered, however busy the
+#: host, so the server holds as many requests at once as the level has users.
+_CLIENT = """
+import sys
+from latency_analyzer.testing._priority import realtime
+realtime()
+from latency_analyzer.cli import main
+raise SystemExit(main(sys.argv[1:]))
+"""
+
+
+def _in_flight(spans: list[tuple[int, int]]) -> int:
+    """The most of these [arrival, answered) intervals that were open at one instant."""
+    edges = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans])
+    depth = most = 0
+    for _, step in edges:  # an end sorts before an arrival at the same instant
+        depth += step
+        most = max(most, depth)
+    return most
+
+
+def test_a_concurrency_sweep_is_a_closed_loop_per_level(tmp_path: Path) -> None:
     out = tmp_path / "users.jsonl"
+    levels = [1, 2, 4]
     with LLMServer(prefill=0.003, tokens=1, slots=1).run_in_subprocess() as s:
         url = s.url + "/v1/chat/completions"
         argv = ["sweep", "--url", url, "--concurrency", "1,2,4", "--requests", "12"]
-        code = main([*argv, "--out", str(out), "--plot", str(tmp_path / "u.png"), "--json"])
+        argv += ["--out", str(out), "--plot", str(tmp_path / "u.png"), "--json"]
+        proc = subprocess.run(
+            [sys.executable, "-c", _CLIENT, *argv], capture_output=True, text=True, timeout=60
+        )
         served = s.records
-    result = json.loads(capsys.readouterr().out)
-    assert code == 0 and len(served) == 36
-    assert [p["concurrency"] for p in result["points"]] == [1, 2, 4]
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert len(served) == 36
+    assert [p["concurrency"] for p in result["points"]] == levels
     ws = WaterfallSet.load(out)
     assert [r["scenario"]["mode"] for r in ws.runs] == ["closed"] * 3
-    assert [r["scenario"]["concurrency"] for r in ws.runs] == [1, 2, 4]
-    # one slot: with 4 users, 3 wait behind the one served, so the median e2e grows with them
-    e2e = [p["latency_s"]["e2e_p50"] for p in result["points"]]
-    assert e2e[2] > 2 * e2e[0]
+    assert [r["scenario"]["concurrency"] for r in ws.runs] == levels
+    steps = ws.group_by("step")
+    assert sorted(steps) == [0, 1, 2] and all(len(g) == 12 for g in steps.values())
+    # the server's log, point by point (they run one after the other): a request is at the
+    # server from its arrival (before any wait for the one slot) until its answer's last write
+    arrived = sorted(served, key=lambda r: r.received_ns - r.slot_wait_ns)
+    for step, level in enumerate(levels):
+        point = arrived[12 * step : 12 * (step + 1)]
+        spans = [
+            (r.received_ns - r.slot_wait_ns, max(r.headers_ns or 0, *r.chunk_ns)) for r in point
+        ]
+        # a closed loop: each user sends again only once answered, so never more than the
+        # level's users at once, and they all are there at once
+        assert _in_flight(spans) == level
+        # one slot: each service starts once the one before it has written its answer, so a
+        # request that arrived behind others waited at the server (slot_wait) for them
+        services = sorted((r.received_ns, end) for r, (_, end) in zip(point, spans, strict=True))
+        assert all(b[0] >= a[1] for a, b in itertools.pairwise(services))
+        # the client's e2e holds the server's whole time, the queue included: sorted, each
+        # client time is at least the server's time of the same rank
+        at_server = sorted(end - arrival for arrival, end in spans)
+        e2e = sorted(steps[step].values("e2e", include_warmup=True) * 1e9)
+        assert all(c >= t for c, t in zip(e2e, at_server, strict=True))
+    # four users at once on one slot: three waited, the last of them behind at least two
+    # whole services (each longer than the prefill); the queue is what the e2e grew by
+    assert max(r.slot_wait_ns for r in arrived[24:]) >= 2 * 0.003e9
 
 
 async def test_an_interrupted_sweep_keeps_its_finished_points(tmp_path: Path) -> None:
