@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
 import socket
 import statistics
 import subprocess
@@ -30,7 +31,7 @@ import latency_analyzer as la
 from latency_analyzer import demo
 from latency_analyzer.cli import main
 from latency_analyzer.testing import DNSServer, LLMServer, SubprocessLLMServer, TestCA
-from latency_analyzer.testing.pcap import require_tcpdump
+from latency_analyzer.testing.pcap import Flow, PacketCapture, require_tcpdump
 from latency_analyzer.testing.tcpdump import TcpDump
 from latency_analyzer.timeline import process_anchor
 
@@ -322,31 +323,64 @@ def test_insecure_skips_verification(
 # --- as a process, and the demo ---------------------------------------------------------------
 
 
+def _wire_boundaries(flow: Flow) -> tuple[int, int, list[int]]:
+    """Capture stamps (epoch ns) of the server's byte ending the headers and of the byte ending
+    the first content-carrying event, and of every server segment: the kernel's, on lo."""
+    data = flow.data("in")
+    headers_end = data.index(b"\r\n\r\n") + 3
+    for match in re.finditer(rb"data: ([^\n]*)\n\n", data[headers_end:]):
+        if match.group(1) == b"[DONE]":
+            continue
+        choices = json.loads(match.group(1)).get("choices") or [{}]
+        if choices[0].get("delta", {}).get("content"):
+            token_end = headers_end + match.end() - 1
+            break
+    else:
+        raise AssertionError("no content token on the wire")
+    arrivals = [p.time_ns for p in flow.segments("in")]
+    return flow.time_of_byte("in", headers_end), flow.time_of_byte("in", token_end), arrivals
+
+
+def _read_end_error(ours: int, own: int, arrivals: list[int]) -> int:
+    """Our stamp minus the nearest captured arrival no earlier than the boundary's own
+    segment: a read that returned several segments is stamped with the last of them."""
+    return min((ours - t for t in arrivals if t >= own), key=abs)
+
+
 def test_probe_as_a_subprocess(llm: SubprocessLLMServer) -> None:
+    require_tcpdump()
     cmd = [sys.executable, "-m", "latency_analyzer.cli", "probe", llm.url + CHAT, "--json"]
     before = len(llm.records)
-    done = subprocess.run(
-        [*cmd, "-d", json.dumps(chat_body()), "-H", "X-Trace: cli-test"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    with PacketCapture(llm.port) as cap:
+        done = subprocess.run(
+            [*cmd, "-d", json.dumps(chat_body()), "-H", "X-Trace: cli-test"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
     assert done.returncode == 0, done.stderr
     assert done.stderr == ""
     obj = _one_json(done.stdout)
     _check_design_contract(obj)
     assert obj["http_version"] == "1.1"
     assert obj["output_tokens"] == TOKENS
-    # first_token runs from the headers' arrival to the first token's (kernel stamps). Truth:
-    # the server's log (its own process, the same CLOCK_MONOTONIC), which stamped each write
-    # just before it; the prefill counts from the request's receipt, so a server slow to
-    # write its headers makes the stage shorter than the injected delay, never the log's gap.
+    # first_token runs from the headers' arrival to the first token's: the kernel's stamps of
+    # the reads that brought them, which host load cannot move. Truth: a capture on lo, whose
+    # stamps are the kernel's too; a client that came late reads several segments at once (the
+    # headers with the next chunk, the token with later ones), stamped with the read's last,
+    # so each end is held to the captured segment that ended its read. The server's log
+    # (stamped before each write) says the token was no earlier than the prefill allows.
     (record,) = llm.records[before:]
     assert record.headers_ns is not None and record.chunk_ns
-    served = (record.chunk_ns[0] - record.headers_ns) / 1e9
     assert record.chunk_ns[0] - record.received_ns >= PREFILL * 1e9
-    assert served - 0.0005 <= obj["stages"]["first_token"] <= served + 0.0005
+    (flow,) = cap.flows()
+    headers, token, arrivals = _wire_boundaries(flow)
+    assert process_anchor().to_perf_ns(token) >= record.chunk_ns[0]
+    token_ns = obj["start_epoch_ns"] + round(obj["ttft_s"] * 1e9)  # the CLI's anchor, epoch
+    headers_ns = token_ns - round(obj["stages"]["first_token"] * 1e9)
+    assert abs(_read_end_error(token_ns, token, arrivals)) <= LOOPBACK_NS
+    assert abs(_read_end_error(headers_ns, headers, arrivals)) <= LOOPBACK_NS
 
 
 def test_version_flag(capsys: pytest.CaptureFixture[str]) -> None:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 
+from latency_analyzer import Span, Waterfall
 from latency_analyzer.diagnose import WhatIf, diagnose, format_findings, what_if
 from latency_analyzer.testing.waterfalls import synthetic
 
@@ -76,3 +78,37 @@ def test_finding_to_dict_is_json_ready() -> None:
     out = json.loads(json.dumps(f.to_dict()))
     assert out["rule"] == f.rule and out["what_if_s"] == pytest.approx(f.what_if_s)
     assert out["stages"] == list(f.stages)
+
+
+def _shifted(span: Span, ns: int) -> Span:
+    kids = tuple(_shifted(k, ns) for k in span.children)
+    return dataclasses.replace(
+        span, start_ns=span.start_ns + ns, end_ns=span.end_ns + ns, children=kids
+    )
+
+
+def _with_client_time(wf: Waterfall, before: str, ms: float) -> Waterfall:
+    """``wf`` with ``ms`` of the client's own time (no stage: ``other``) before stage ``before``."""
+    shift = round(ms * 1e6)
+    spans, moved = [], False
+    for span in wf.root.children:
+        moved = moved or span.name == before
+        spans.append(_shifted(span, shift) if moved else span)
+    root = dataclasses.replace(wf.root, end_ns=wf.root.end_ns + shift, children=tuple(spans))
+    chunks = tuple(t + shift for t in wf.chunk_times_ns)
+    return dataclasses.replace(wf, root=root, chunk_times_ns=chunks)
+
+
+def test_the_clients_own_time_does_not_move_the_verdict_on_a_new_connection() -> None:
+    # a busy client: 50 ms of its own scheduling before the request went out. The handshake's
+    # 41.2 ms is 25 % of the 172.8 ms TTFT but 34 % of what the network and server took; the
+    # finding stays and says what it set aside
+    wf = _with_client_time(synthetic(gaps=LONG_STREAM, **STORY), "send", 50.0)
+    assert wf.attribution()["other"] == pytest.approx(0.050, abs=1e-9)
+    assert wf.ttft is not None and 0.0412 / wf.ttft < 0.25
+    found = {f.rule: f for f in diagnose(wf, server_alpn="h2")}
+    assert set(found) == {"dns", "new_connection", "http1"}, format_findings(list(found.values()))
+    tls = found["new_connection"]
+    assert tls.data["client_own_s"] == pytest.approx(0.050, abs=1e-9)
+    assert "34% of ttft 172.8 ms less the client's own 50.0 ms" in tls.evidence
+    assert tls.time_at_stake_s == pytest.approx(0.0412, abs=1e-9)

@@ -24,7 +24,8 @@ class Thresholds:
         dns_cached_s: a lookup faster than this was answered by a cache (it is not counted).
         dns_every_fraction: in a set, real lookups on at least this share of requests means
             no cache.
-        setup_share: one request: connect + tls + h2_setup above this share of e2e.
+        setup_share: one request: connect + tls + h2_setup above this share of TTFT (a
+            stream) or e2e, less the client's own ``other`` time in it.
         new_connection_fraction: in a set, new connections on more than this share of requests
             (not counting the first per origin) means no keep-alive or a pool too small.
         pool_wait_share: pool_wait above this share of e2e.
