@@ -33,6 +33,11 @@ HEADER_DELAY, PREFILL, DECODE, TOKENS = 0.020, 0.040, 0.005, 20
 N = 20
 LLM_KNOBS = {"header_delay": HEADER_DELAY, "prefill": PREFILL, "decode": DECODE, "tokens": TOKENS}
 LOOPBACK_NS = 500_000  # a packet's capture stamp to its receive stamp on lo, with room
+# _PROMPT_READS: the tests that hold stage ends to the server's writes run this process (the
+# client) at real-time priority. A client woken late reads the headers together with the role
+# chunk the server writes a millisecond after them, and a read carries its last segment's
+# kernel stamp: what such late reads do is test_wire_capture's subject (each stamp against
+# its own segments, beside two burners); here the subject is where each write lands.
 
 
 async def _series(url: str, n: int, **testbed: object) -> list[la.Waterfall]:
@@ -72,6 +77,7 @@ def _served(wfs: list[la.Waterfall], records: list[RequestRecord]) -> dict[str, 
     return out
 
 
+@pytest.mark.usefixtures("realtime")  # see _PROMPT_READS
 async def test_header_prefill_and_decode_land_in_their_stages(llm: SubprocessLLMServer) -> None:
     wfs = await _series(llm.url, N)
     records = llm.records[-N:]
@@ -97,6 +103,7 @@ async def test_header_prefill_and_decode_land_in_their_stages(llm: SubprocessLLM
     assert wf.ttft == pytest.approx(sum(wf.attribution()[s] for s in before), abs=1e-9)
 
 
+@pytest.mark.usefixtures("realtime")  # see _PROMPT_READS
 async def test_stage_instants_match_server_ground_truth(llm: SubprocessLLMServer) -> None:
     """Each client instant follows the server's own write by loopback latency only."""
     wfs = await _series(llm.url, 9)
@@ -113,6 +120,7 @@ async def test_stage_instants_match_server_ground_truth(llm: SubprocessLLMServer
         assert statistics.median(values) < 500_000, name  # loopback: well under 0.5 ms
 
 
+@pytest.mark.usefixtures("realtime")  # see _PROMPT_READS
 async def test_tokens_per_chunk_give_equal_per_token_gaps(llm: SubprocessLLMServer) -> None:
     # Two chunks that reached us in one read share its kernel stamp (a gap of 0: the loop
     # was descheduled past the next write); the split per token, what this test is about,
