@@ -38,7 +38,7 @@ from ._select import (
     row_mask,
     stats_mask,
 )
-from ._stats import PERCENTILES, Estimate, mean_ci, percentiles_ci
+from ._stats import PERCENTILES, Estimate, mean_ci, p_key, percentiles_ci
 from ._summary import Summary  # it names WaterfallSet only for typing
 
 __all__ = ["SET_SCHEMA", "WaterfallSet"]
@@ -48,10 +48,6 @@ _GROUP_KEYS = (
     *("scenario", "template", "status", "error_type", "http_version", "cold", "ok"),
     *("worker", "step", "warmup", "prompt_tokens"),
 )
-
-
-def _p_key(p: float) -> str:
-    return f"p{p:g}"
 
 
 class WaterfallSet(Streamed):
@@ -252,7 +248,7 @@ class WaterfallSet(Streamed):
         """
         vals = self.values(name, **select)
         est = percentiles_ci(vals, ps, confidence=confidence, resamples=resamples, seed=seed)
-        return {_p_key(p): e for p, e in est.items()}
+        return {p_key(p): e for p, e in est.items()}
 
     def mean(
         self, name: str, *, confidence: float = 0.95, seed: int = 0, **select: bool

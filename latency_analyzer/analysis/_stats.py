@@ -31,6 +31,7 @@ __all__ = [
     "mean_ci",
     "mean_samples",
     "order_stats",
+    "p_key",
     "percentile",
     "percentile_ci",
     "percentile_samples",
@@ -122,6 +123,11 @@ def percentile_samples(
         return np.full(resamples, np.nan)
     rng = np.random.default_rng(seed)
     return order_stats(arr, bootstrap_indices(arr.size, p, resamples, rng))
+
+
+def p_key(p: float) -> str:
+    """The key a percentile goes by in results and summaries: ``p50``, ``p99.9``."""
+    return f"p{p:g}"
 
 
 def percentiles_ci(

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ._columns import COUNT_METRICS
-from ._stats import PERCENTILES, Estimate, mean_ci, percentiles_ci
+from ._stats import PERCENTILES, Estimate, mean_ci, p_key, percentiles_ci
 
 if TYPE_CHECKING:
     from ._set import WaterfallSet
@@ -68,7 +68,7 @@ class Summary:
         for name in names or ws.metric_names():
             vals = ws.values(name)  # once: what ws.percentiles and ws.mean would each select
             est = percentiles_ci(vals, ps, confidence=confidence, seed=seed)
-            pct = {f"p{p:g}": e for p, e in est.items()}
+            pct = {p_key(p): e for p, e in est.items()}
             mean = mean_ci(vals, confidence=confidence, seed=seed)
             unit = "tokens" if name in COUNT_METRICS else "s"
             rows.append(Row(name, unit, int(vals.size), mean, pct))
