@@ -69,6 +69,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/bench_locust.py", "--out", "bench-results/locust.json")
     session.install(".[tokenizer]")
     session.run("python", "benchmarks/bench_tokens.py", "--out", "bench-results/tokens.json")
+    session.run("python", "benchmarks/bench_trace.py", "--out", "bench-results/trace.json")
 
 
 @nox.session(python="3.11")
