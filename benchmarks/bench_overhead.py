@@ -1,6 +1,7 @@
 """The library's own overhead, measured side by side with bare aiohttp in one run.
 
-Run: ``python benchmarks/bench_overhead.py --out bench-results/overhead.json`` (``nox -s bench``).
+Run: ``python benchmarks/bench_overhead.py --out bench-results/overhead.json`` (``nox -s bench``);
+``--realtime`` runs the client and the server under SCHED_RR.
 
 The server is the project's test bed (:class:`latency_analyzer.testing.LLMServer`) in a child
 process on 127.0.0.1, so it does not compete for this process's GIL and
@@ -20,9 +21,12 @@ core) hits every variant alike.
   parsing and the rest (connector/protocol stamping, recorder, waterfall).
 * ``presend_100``: 100 requests due at one instant (one ``intended_start_ns`` for all, as a
   load schedule gives them) on 100 kept-alive connections of one ``la.Client``, in rounds:
-  per request, the waterfall's ``send`` start minus its start (the common instant), P50/P95/max
-  over every round; and the same from each request's own start (after its ``schedule_lag``),
-  which leaves out the wait behind the others. Its target is the P95 of the first.
+  per request, the waterfall's ``send`` start minus the common instant, P50/P95/max over
+  every round. The requests are asked for ``PRESEND_AHEAD_MS`` before the instant, as the
+  open loop does (the client prepares them and hands their bytes to the kernel at it); its
+  target is the P95. ``unannounced`` is the same with the instant already come when they are
+  asked for (no preparation ahead), and from each request's own start too (after its
+  ``schedule_lag``), which leaves out the wait behind the others.
 * ``profile``: when a target is missed (or with ``--profile``), the "ours" variant of the
   missed scenario(s) under cProfile: top functions by tottime, waiting in epoll excluded.
 """
@@ -52,12 +56,14 @@ import aiohttp
 import latency_analyzer as la
 from latency_analyzer.capture.openai import OpenAIStreamParser
 from latency_analyzer.testing import LLMServer
+from latency_analyzer.testing._priority import realtime
 
 SCHEMA = 1
 KEEPALIVE_RATIO_MAX = 1.05
 ADDED_US_PER_CHUNK_MAX = 2.0
 PRESEND_P95_MAX_MS = 1.0
 PRESEND_STARTS = 100
+PRESEND_AHEAD_MS = 50
 TOKENS = 256
 SEED = 20240601
 
@@ -298,8 +304,9 @@ async def stream_shape(session: aiohttp.ClientSession, url: str, n: int) -> dict
 
 
 async def presend(base: str, rounds: int) -> dict[str, Any]:
-    """Start -> first request byte to the kernel, for ``PRESEND_STARTS`` requests due at once."""
+    """Due instant -> first request byte to the kernel, ``PRESEND_STARTS`` requests at once."""
     n = PRESEND_STARTS
+    ahead: list[int] = []
     from_due: list[int] = []
     from_own: list[int] = []
     async with la.Client(base, limit=n) as client:
@@ -308,37 +315,40 @@ async def presend(base: str, rounds: int) -> dict[str, Any]:
         gc.collect()
         c0 = time.process_time_ns()
         for _ in range(rounds):
-            due = time.perf_counter_ns()
-            wfs = await asyncio.gather(
-                *(client.request("/health", intended_start_ns=due) for _ in range(n))
-            )
-            for wf in wfs:
-                send = wf.stage("send")
-                if not wf.ok or send is None:
-                    raise BenchError(f"pre-send round: {wf.error_type}: {wf.error}")
-                lag = wf.stage("schedule_lag")
-                own_start = wf.start_ns if lag is None else lag.end_ns
-                from_due.append(send.start_ns - wf.start_ns)
-                from_own.append(send.start_ns - own_start)
+            for lead, out in ((PRESEND_AHEAD_MS * 1_000_000, ahead), (0, from_due)):
+                due = time.perf_counter_ns() + lead
+                wfs = await asyncio.gather(
+                    *(client.request("/health", intended_start_ns=due) for _ in range(n))
+                )
+                for wf in wfs:
+                    send = wf.stage("send")
+                    if not wf.ok or send is None:
+                        raise BenchError(f"pre-send round: {wf.error_type}: {wf.error}")
+                    out.append(send.start_ns - due)
+                    if not lead:
+                        lag = wf.stage("schedule_lag")
+                        own_start = wf.start_ns if lag is None else lag.end_ns
+                        from_own.append(send.start_ns - own_start)
         cpu = time.process_time_ns() - c0
         reused = sum(1 for wf in wfs if wf.connection.reused)
+        kernel_timer = client._sends is not None and client._sends.kernel_timer
 
-    def ms(values: list[int], q: float) -> float:
-        return round(pct(values, q) / 1e6, 4)
+    def ms(values: list[int]) -> dict[str, float]:
+        return {
+            f"p{q}" if q < 100 else "max": round(pct(values, q) / 1e6, 4) for q in (50, 95, 100)
+        }
 
     return {
         "starts_per_round": n,
         "rounds": rounds,
-        "requests": len(from_due),
+        "requests": len(ahead),
         "endpoint": "GET /health",
+        "asked_ahead_ms": PRESEND_AHEAD_MS,
+        "instants_kept_by": "timerfd" if kernel_timer else "asyncio timers",
         "last_round_reused_connections": reused,
-        "from_due_ms": {"p50": ms(from_due, 50), "p95": ms(from_due, 95), "max": ms(from_due, 100)},
-        "from_own_start_ms": {
-            "p50": ms(from_own, 50),
-            "p95": ms(from_own, 95),
-            "max": ms(from_own, 100),
-        },
-        "cpu_us_per_request": us(cpu / len(from_due)),
+        "from_due_ms": ms(ahead),
+        "unannounced": {"from_due_ms": ms(from_due), "from_own_start_ms": ms(from_own)},
+        "cpu_us_per_request": us(cpu / (len(ahead) + len(from_due))),
     }
 
 
@@ -566,6 +576,7 @@ async def bench(base: str, plan: Plan, force_profile: bool) -> dict[str, Any]:
 def summary(result: dict[str, Any], seconds: float) -> str:
     ka, sse, t = result["keepalive_get"], result["sse_256"], result["targets"]
     pre = result["presend_100"]
+    un = pre["unannounced"]
     ok = {True: "met", False: "MISSED"}
     lines = [
         f"latency_analyzer {result['library_version']} overhead "
@@ -593,11 +604,14 @@ def summary(result: dict[str, Any], seconds: float) -> str:
         f"bare {sse['bare']['wall_us_median']:.0f} µs "
         f"(per-request ratio {sse['wall_median_per_request_ratio']:.3f})",
         f"pre-send work, {pre['starts_per_round']} requests due at once x {pre['rounds']} rounds:",
-        f"  from the due instant P50 {pre['from_due_ms']['p50']:.3f} ms, "
+        f"  asked {pre['asked_ahead_ms']} ms ahead ({pre['instants_kept_by']}): from the due "
+        f"instant P50 {pre['from_due_ms']['p50']:.3f} ms, "
         f"P95 {pre['from_due_ms']['p95']:.3f} ms (target ≤ {t['presend_p95_max_ms']}: "
         f"{ok[t['presend_met']]}), max {pre['from_due_ms']['max']:.3f} ms",
-        f"  from each request's own start P50 {pre['from_own_start_ms']['p50']:.3f} ms, "
-        f"P95 {pre['from_own_start_ms']['p95']:.3f} ms; "
+        f"  unannounced: from the due instant P50 {un['from_due_ms']['p50']:.3f} ms, "
+        f"P95 {un['from_due_ms']['p95']:.3f} ms; from each request's own start "
+        f"P50 {un['from_own_start_ms']['p50']:.3f} ms, "
+        f"P95 {un['from_own_start_ms']['p95']:.3f} ms; "
         f"CPU/request {pre['cpu_us_per_request']:.0f} µs",
     ]
     for prof in result["profile"]:
@@ -619,8 +633,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("bench-results/overhead.json"))
     parser.add_argument("--quick", action="store_true", help="small N (smoke run)")
     parser.add_argument("--profile", action="store_true", help="profile even if targets are met")
+    parser.add_argument(
+        "--realtime",
+        action="store_true",
+        help="run this process and the server under SCHED_RR (root): on a busy host the server "
+        "woken by each request would otherwise preempt the client between its sends",
+    )
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
+    rt_refused = realtime() if args.realtime else None  # before the server: it inherits it
 
     started = time.perf_counter()
     utc = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
@@ -645,6 +666,8 @@ def main(argv: list[str] | None = None) -> int:
             "seconds": round(seconds, 1),
             "server": "LLMServer subprocess on 127.0.0.1",
             "server_connections": connections,
+            "realtime": args.realtime and rt_refused is None,
+            "realtime_refused": rt_refused,
             "argv": sys.argv[1:],
         },
         **measured,

@@ -16,6 +16,7 @@ from aiohttp import ClientPayloadError
 from aiohttp.client_proto import ResponseHandler
 
 from ..timeline import TcpInfo, TlsInfo
+from ._hold import Hold
 from ._state import RequestState, now_ns
 from ._wire import WireStamps, wire_of
 from .http2 import HandoffToHTTP2
@@ -35,11 +36,30 @@ class _TimedTransport:
         self._proto = proto
 
     def write(self, data: Any) -> None:
+        hold = self._proto.hold
+        if hold is not None and not hold.released:  # prepared ahead: leaves at its instant
+            hold.add(self, data)
+            return
         before = now_ns()
         self._transport.write(data)
         self._proto.after_write(before, self._transport.get_write_buffer_size())
 
+    # a request held until its instant (:mod:`._hold`): sent, then noted once all have left
+    def send_held(self, data: bytes) -> int | None:
+        if self._transport.is_closing():  # closed while the request was held: nothing to send
+            return None
+        before = now_ns()
+        self._transport.write(data)
+        return before
+
+    def settle_held(self, before_ns: int) -> None:
+        self._proto.after_write(before_ns, self._transport.get_write_buffer_size())
+
     def writelines(self, chunks: Any) -> None:
+        hold = self._proto.hold
+        if hold is not None and not hold.released:
+            hold.add(self, b"".join(chunks))
+            return
         before = now_ns()
         self._transport.writelines(chunks)
         self._proto.after_write(before, self._transport.get_write_buffer_size())
@@ -71,6 +91,7 @@ class TimedProtocol(ResponseHandler):
         self.made_ns: int | None = None
         self.made_user_ns: int | None = None
         self.state: RequestState | None = None
+        self.hold: Hold | None = None  # the attached request's held writes (._hold)
         # Bytes that came before the first request was attached: an HTTP/2 server's SETTINGS
         # may arrive with the end of the TLS handshake, before the hand-over to HTTP/2.
         self.early: list[tuple[bytes, int]] | None = []
@@ -106,6 +127,7 @@ class TimedProtocol(ResponseHandler):
     def attach(self, state: RequestState) -> None:
         """Pin the request now using this connection (protocol callbacks cannot see ContextVars)."""
         self.state = state
+        self.hold = state.hold
         # the previous response's payload may be aiohttp's shared empty one (HEAD, 204),
         # which the next bodiless response reuses: forget it, so new headers are seen as new
         self._payload = None
@@ -120,6 +142,9 @@ class TimedProtocol(ResponseHandler):
             self.wire.mark_request()
 
     def detach(self) -> None:
+        hold, self.hold = self.hold, None
+        if hold is not None and not hold.released:  # ended before its instant: nothing sent
+            hold.drop()
         self.state = None
         self.requests_served += 1
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from .._redact import redact_text
 from ..timeline import AttrValue, Recorder
+from ._hold import Hold
 
 __all__ = ["CURRENT", "RequestState", "TraceHook", "now_ns"]
 
@@ -40,6 +41,7 @@ class RequestState:
         "h2_mode",
         "h2_open",
         "h2_prepare",
+        "hold",
         "location",
         "protocol",
         "recorder",
@@ -70,8 +72,13 @@ class RequestState:
         self.location: str | None = None
         # the answer's text pieces, collected when the caller asked for them (a chat turn)
         self.answer: list[str] | None = None
+        # a request prepared before its instant (._hold): its writes wait for it, and no stage
+        # starts before it (the waterfall starts there; the preparation is not on its clock)
+        self.hold: Hold | None = None
 
     def begin(self, stage: str, t_ns: int, **attrs: AttrValue) -> None:
+        if self.hold is not None and t_ns < self.hold.at_ns:
+            t_ns = self.hold.at_ns
         self.recorder.begin(stage, t_ns, **attrs)
         if self.trace is not None:
             self.trace(f"capture.{stage}.started", {"t_ns": t_ns, **attrs})
@@ -108,6 +115,8 @@ class RequestState:
             self.end(name, t_end if isinstance(t_end, int) else now_ns(), **end)
 
     def fail(self, kind: str, message: str, t_ns: int, *, terminal: bool = True) -> None:
+        if self.hold is not None and t_ns < self.hold.at_ns:
+            t_ns = self.hold.at_ns
         stages = ("pool_wait", "dns", "connect", "tls", "send")
         open_stages = [s for s in stages if self.recorder.is_open(s)]
         message = redact_text(message)  # aiohttp quotes the URL; servers echo what they got

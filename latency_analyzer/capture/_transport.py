@@ -20,6 +20,7 @@ from ..errors import UsageError
 from ..timeline import ConnectionInfo
 from ._build import _h2_request_parts, _h2_target, _http_version, _json_body, _left, _origin
 from ._consume import ResponseConsumer, note_server_headers
+from ._hold import SendSchedule
 from ._stale import restart, retry_allowed
 from ._state import RequestState, now_ns
 from ._tcpinfo import tcp_info_of
@@ -53,8 +54,16 @@ class ClientTransport:
     _keepalive: bool
     _headers: dict[str, str]
     _session: aiohttp.ClientSession | None
+    _sends: SendSchedule | None
     _loop: asyncio.AbstractEventLoop | None
     _closed: bool
+
+    def _send_schedule(self) -> SendSchedule:
+        """Where requests prepared ahead of their instant wait for it (one per Client)."""
+        self._check_usable()
+        if self._sends is None:
+            self._sends = SendSchedule(asyncio.get_running_loop())
+        return self._sends
 
     def _check_usable(self) -> None:
         """A closed Client would silently open a new pool (and leak it); one used from a second
@@ -165,6 +174,9 @@ class ClientTransport:
         opened: H2Stream | None = None,
     ) -> None:
         """One request on ``conn``: a stream ``_H2Dial.open`` already sent, or a new one."""
+        if opened is None and state.hold is not None:
+            # a stream shares its connection's writes: it is encoded at its instant, not held
+            await asyncio.wait_for(state.hold.wait(), _left(deadline))
         rec = state.recorder
         rec.http_version, rec.tls = "2", conn.tls
         rec.connection = ConnectionInfo(

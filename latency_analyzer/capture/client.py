@@ -20,6 +20,7 @@ from ..errors import UsageError
 from ..timeline import Recorder, Waterfall
 from ._build import _is_http_url, _tls_context, _too_many_redirects
 from ._errors import classify
+from ._hold import Hold, SendSchedule
 from ._redirect import Hop, next_hop, with_chain
 from ._state import CURRENT, RequestState, TraceHook, now_ns
 from ._tcpinfo import tcp_info_of
@@ -96,6 +97,7 @@ class Client(ClientTransport):
         self._headers = dict(headers or {})
         self._trace = trace
         self._session: aiohttp.ClientSession | None = None
+        self._sends: SendSchedule | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
 
@@ -109,6 +111,9 @@ class Client(ClientTransport):
     async def close(self) -> None:
         """Close every pooled connection; the Client cannot be used afterwards."""
         self._closed = True
+        if self._sends is not None:
+            self._sends.close()
+            self._sends = None
         try:
             await self._h2.close()
         finally:  # a cancelled close still closes the HTTP/1.1 pool
@@ -144,9 +149,13 @@ class Client(ClientTransport):
 
         ``method`` defaults to POST when there is a body, else GET. ``intended_start_ns`` (a
         ``perf_counter_ns`` value) is when an open-loop schedule wanted this request to start:
-        the delay until now becomes ``schedule_lag``. If the request is cancelled, ``on_cancel``
-        (when given) gets its waterfall so far, ``error_type="cancelled"``, with every stage
-        that happened (open ones end at the cancellation); the cancellation still propagates.
+        the delay until now becomes ``schedule_lag``. An instant still to come is kept: the
+        request is prepared at once (a pooled connection taken, headers and body encoded) and
+        its bytes are handed to the kernel at that instant, where its waterfall starts; a
+        request that needs a new connection dials at the instant. If the request is
+        cancelled, ``on_cancel`` (when given) gets its waterfall so far,
+        ``error_type="cancelled"``, with every stage that happened (open ones end at the
+        cancellation); the cancellation still propagates.
         ``answer``: a list the answer's text (an OpenAI response's ``content``, as it
         arrives) is appended to, e.g. for the next turn of a conversation; it is not kept on
         the waterfall.
@@ -158,7 +167,13 @@ class Client(ClientTransport):
         # echoed back in errors or bodies, these values are masked; noted before the clock
         # starts, so the bookkeeping is not part of the request's time
         remember_request(hop.url, sent)
-        wf, location = await self._hop(hop, timeout, intended_start_ns, now_ns(), on_cancel, answer)
+        start, hold = now_ns(), None
+        if intended_start_ns is not None and intended_start_ns > start:
+            # prepared now, sent at its instant (._hold): the waterfall starts there
+            start, hold = intended_start_ns, self._send_schedule().hold(intended_start_ns)
+        wf, location = await self._hop(
+            hop, timeout, intended_start_ns, start, on_cancel, answer, hold
+        )
         before: list[Waterfall] = []
         while self.follow_redirects and (nxt := next_hop(hop, wf.status, location)) is not None:
             before.append(wf)
@@ -178,6 +193,7 @@ class Client(ClientTransport):
         start: int,
         on_cancel: Callable[[Waterfall], None] | None,
         answer: list[str] | None = None,
+        hold: Hold | None = None,
     ) -> tuple[Waterfall, str | None]:
         """One request: its waterfall and the ``Location`` it answered with, if any."""
         method, full, json, data, sent = hop.method, hop.url, hop.json, hop.data, dict(hop.headers)
@@ -186,7 +202,7 @@ class Client(ClientTransport):
             method, redact_url(full), start_ns=start, intended_start_ns=intended_start_ns
         )
         state = RequestState(recorder, self._trace)
-        state.answer = answer
+        state.answer, state.hold = answer, hold
         context = inject(sent)  # W3C traceparent: how server spans find this request
         recorder.attributes.update({"trace_id": context.trace_id, "span_id": context.span_id})
         if context.parent_span_id:
@@ -214,10 +230,12 @@ class Client(ClientTransport):
                 recorder.tcp_end = tcp_info_of(state.protocol.transport)
             if state.protocol is not None and state.protocol.state is state:
                 state.protocol.detach()
+            if hold is not None:
+                hold.drop()  # ended before its instant: nothing left is sent (else a no-op)
             if cancelled and on_cancel is not None:
-                on_cancel(recorder.finish(now_ns()))
+                on_cancel(recorder.finish(max(now_ns(), start)))
         if recorder.interrupted or state.body_end_ns is None:
-            return recorder.finish(now_ns()), state.location
+            return recorder.finish(max(now_ns(), start)), state.location
         return recorder.finish(state.body_end_ns), state.location
 
 

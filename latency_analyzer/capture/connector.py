@@ -104,6 +104,8 @@ class TimedConnector(TCPConnector):
         self, req: ClientRequest, traces: list[Trace], timeout: ClientTimeout
     ) -> ResponseHandler:
         state = CURRENT.get()
+        if state is not None and state.hold is not None and not state.hold.released:
+            await state.hold.wait()  # prepared ahead: a new connection is dialled at the instant
         if state is not None and state.recorder.is_open("pool_wait"):
             state.end("pool_wait", now_ns())
         return await super()._create_connection(req, traces, timeout)

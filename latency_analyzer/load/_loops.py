@@ -14,7 +14,12 @@ from ._dists import arrival_gaps
 from ._monitor import Pacer
 from ._run_state import Claim, RunState
 
-__all__ = ["closed_loop", "open_loop"]
+__all__ = ["PREPARE_AHEAD_NS", "closed_loop", "open_loop"]
+
+#: How long before its instant a request is handed to the client, which prepares it then and
+#: sends it at the instant (``Client.request`` with an ``intended_start_ns`` still to come):
+#: requests due together leave together instead of one after another's Python work.
+PREPARE_AHEAD_NS = 20_000_000
 
 
 async def _send(
@@ -96,7 +101,7 @@ async def open_loop(run: RunState, pacer: Pacer) -> None:
             if claimed is None:
                 break
             try:
-                await pacer.wait_until(intended)
+                await pacer.wait_until(intended - PREPARE_AHEAD_NS)
             except asyncio.CancelledError:
                 run.issued -= 1  # claimed, never started: not issued
                 raise
