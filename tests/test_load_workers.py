@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import numpy as np
@@ -78,7 +79,8 @@ async def test_a_killed_worker_keeps_what_it_streamed(
         )
     )
     victim = None
-    for _ in range(200):  # the header line names each worker's pid once both identified
+    deadline = time.monotonic() + 60  # spawning two workers takes seconds on a busy host
+    while time.monotonic() < deadline:  # the header names each worker's pid once identified
         await asyncio.sleep(0.02)
         path = tmp_path / "k.jsonl"
         if path.exists() and path.stat().st_size:

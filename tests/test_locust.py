@@ -251,8 +251,9 @@ def _run_until(port: int, rows: int, procs: list[subprocess.Popen[str]]) -> tupl
 
 
 def _fetch_page(url: str, until: str) -> str:
-    """The page once it shows ``until`` (the run has recorded requests), polled for 15 s."""
-    deadline = time.monotonic() + 15
+    """The page once it shows ``until`` (the run has recorded requests), polled for 60 s: on a
+    busy host three Python processes importing gevent and Locust take tens of seconds."""
+    deadline = time.monotonic() + 60
     text = ""
     while time.monotonic() < deadline:
         try:
