@@ -80,28 +80,37 @@ def _chunk_received(
 def _append_chunk(obj: dict[str, Any], time_ns: int, events: list[Event]) -> None:
     """Append a ``ChunkReceived`` for a chunk with choices, then a ``UsageReceived`` for usage."""
     usage = obj.get("usage")
+    # A streamed token, nearly always: one choice whose delta has text, no usage. Read as
+    # _read_choice reads it, without the checks and lookups that cannot find anything: these
+    # subscripts succeed only on a list of one dict holding a dict (parsed JSON has no other
+    # types that take a string subscript).
+    try:
+        (choice,) = obj["choices"]
+        delta = choice["delta"]
+        content = delta["content"]
+    except (KeyError, TypeError, ValueError):
+        content = None
+    if type(content) is str and content and type(usage) is not dict and "text" not in choice:
+        if len(delta) == 1:  # content alone: no reasoning
+            reasoning = ""
+        else:
+            value = delta.get("reasoning_content") or delta.get("reasoning")
+            reasoning = value if type(value) is str else ""
+        reason = choice.get("finish_reason")
+        chunk = _ChunkSlots()  # _chunk_received(), inlined
+        chunk.time_ns = time_ns
+        chunk.content = content
+        chunk.reasoning = reasoning
+        chunk.finish_reason = reason if type(reason) is str else None
+        chunk.completion_tokens = None
+        chunk.empty_token = False  # it has text
+        chunk.__class__ = ChunkReceived  # type: ignore[assignment]
+        events.append(chunk)  # type: ignore[arg-type]  # it is a ChunkReceived now
+        timings = obj.get("timings")
+        if timings is not None and type(timings) is dict:
+            _append_timings(timings, time_ns, events)
+        return
     choices = obj.get("choices")
-    if type(usage) is not dict and type(choices) is list and len(choices) == 1:
-        # A streamed token, nearly always: one choice whose delta has text, no usage. Read as
-        # _read_choice reads it, without the lookups that cannot find anything.
-        choice = choices[0]
-        if type(choice) is dict and "text" not in choice:
-            delta = choice.get("delta")
-            if type(delta) is dict:
-                content = delta.get("content")
-                if type(content) is str and content:  # so not an empty token
-                    if len(delta) == 1:  # content alone: no reasoning
-                        reasoning = ""
-                    else:
-                        value = delta.get("reasoning_content") or delta.get("reasoning")
-                        reasoning = value if type(value) is str else ""
-                    reason = choice.get("finish_reason")
-                    finish = reason if type(reason) is str else None
-                    events.append(_chunk_received(time_ns, content, reasoning, finish, None, False))
-                    timings = obj.get("timings")
-                    if timings is not None and type(timings) is dict:
-                        _append_timings(timings, time_ns, events)
-                    return
     if usage is not None and type(usage) is not dict:  # parsed JSON: no dict subclasses
         usage = None
     if type(choices) is list and choices:
