@@ -63,18 +63,16 @@ def _whole_data_events(data: bytes) -> list[bytes] | None:
 
     The values are the raw bytes after ``data:`` and its optional space, not yet decoded.
     """
-    if data[:5] != b"data:" or data[-2:] != b"\n\n" or _CR in data:
+    if data[-2:] != b"\n\n" or data[:5] != b"data:" or _CR in data:
         return None
-    lines = data.count(b"\n")
-    if lines == 2:  # one event: the usual read of a streamed token
+    if data.find(_LF) == len(data) - 2:  # one event: the usual read of a streamed token
         return [data[6:-2] if data[5] == _SPACE else data[5:-2]]
     parts = data.split(b"\n\n")
-    if lines != 2 * len(parts) - 2:  # a part spans lines, or blank lines follow each other
+    if parts.pop():  # not the empty remainder after the last blank line: LFs in a row
         return None
-    del parts[-1]  # the empty remainder after the last blank line
     values = []
-    for part in parts:
-        if part[:5] != b"data:":
+    for part in parts:  # each one line (so no blank line in a row either) of a data field
+        if part[:5] != b"data:" or _LF in part:
             return None
         values.append(part[6:] if part[5:6] == b" " else part[5:])
     return values
