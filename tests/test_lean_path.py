@@ -130,6 +130,28 @@ def test_sse_data_shortcut_matches_the_events(points: list[int], fixture: Path) 
     ]
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.integers(0, 400), max_size=40),
+    st.lists(st.integers(0, 4000), max_size=3),
+    st.sampled_from(sorted(FIXTURES.glob("*.sse"))),
+)
+def test_sse_raw_data_of_whole_events_matches_the_events(
+    events_at: list[int], points: list[int], fixture: Path
+) -> None:
+    """Reads of one or more whole events (the raw shortcut), mixed with reads cut anywhere."""
+    raw = fixture.read_bytes()
+    ends = [i + 2 for i in range(len(raw)) if raw.startswith(b"\n\n", i)]
+    cuts = sorted({ends[i % len(ends)] for i in events_at} | {min(p, len(raw)) for p in points})
+    pieces = [raw[a:b] for a, b in zip([0, *cuts], [*cuts, len(raw)], strict=True)]
+    events, datas = SSEParser(), SSEParser()
+    assert [e.data for p in pieces for e in events.feed(p, 0)] == [
+        d if isinstance(d, str) else d.decode("utf-8", "replace")
+        for p in pieces
+        for d in datas.feed_raw(p)
+    ]
+
+
 def test_openai_chunks_built_directly_equal_the_dataclass() -> None:
     parser = OpenAIStreamParser()
     body = b'data: {"choices":[{"delta":{"content":"hi"},"finish_reason":null}]}\n\n'

@@ -152,20 +152,27 @@ class ResponseConsumer:
     def _apply(self, events: list[Event], per_chunk_usage: bool = True) -> None:
         state = self._state
         rec = state.recorder
+        answer = state.answer
         for ev in events:
             if type(ev) is ChunkReceived:  # nearly every event: checked first, exactly
-                content, reasoning = ev.content, ev.reasoning
-                if content or reasoning:  # carries_token
+                content = ev.content
+                if content:  # carries_token, with an answer
+                    cumulative = ev.completion_tokens
+                    if cumulative is None or not per_chunk_usage:
+                        rec.chunk(ev.time_ns, len(content) + len(ev.reasoning))
+                    else:
+                        known = self._tokens.delta(cumulative)
+                        rec.chunk(ev.time_ns, len(content) + len(ev.reasoning), known)
+                    if answer is not None:
+                        answer.append(content)
+                elif ev.reasoning:  # carries_token: reasoning alone (it is there: a token came)
                     cumulative = ev.completion_tokens
                     known = (
                         self._tokens.delta(cumulative)
                         if per_chunk_usage and cumulative is not None
                         else None
                     )
-                    # reasoning alone when there is no content (it is there: a token came)
-                    rec.chunk(ev.time_ns, len(content) + len(reasoning), known, not content)
-                    if state.answer is not None and content:
-                        state.answer.append(content)
+                    rec.chunk(ev.time_ns, len(ev.reasoning), known, True)
                 elif ev.empty_token:
                     rec.empty_chunk(ev.time_ns)
             elif isinstance(ev, UsageReceived):

@@ -8,7 +8,7 @@ counts of ``usage`` (integers only, whatever the JSON library made of them), lla
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 from ._openai_events import (
     TIMINGS_FIELDS,
@@ -41,17 +41,20 @@ def _append_error(obj: dict[str, Any], time_ns: int, events: list[Event]) -> boo
     return True
 
 
-_set_time, _set_content, _set_reasoning, _set_finish, _set_completion, _set_empty = (
-    ChunkReceived.__dict__[name].__set__
-    for name in (
-        "time_ns",
-        "content",
-        "reasoning",
-        "finish_reason",
-        "completion_tokens",
-        "empty_token",
-    )
-)
+class _ChunkSlots:
+    """``ChunkReceived``'s slot layout without its frozen ``__setattr__``: a chunk is filled in
+    here with plain slot stores, then becomes a ``ChunkReceived`` by taking that class (the
+    layouts match, so CPython allows it). One is built per streamed token; the frozen
+    dataclass's ``__init__`` goes through ``object.__setattr__`` once per field, and even the
+    slot descriptors' ``__set__`` costs a call each."""
+
+    __slots__ = ChunkReceived.__slots__
+    time_ns: int
+    content: str
+    reasoning: str
+    finish_reason: str | None
+    completion_tokens: int | None
+    empty_token: bool
 
 
 def _chunk_received(
@@ -62,24 +65,54 @@ def _chunk_received(
     completion: int | None,
     empty: bool,
 ) -> ChunkReceived:
-    """``ChunkReceived(...)`` with its slots set directly: one is built per streamed token, and
-    the frozen dataclass's ``__init__`` sets each field through ``object.__setattr__``."""
-    chunk: ChunkReceived = object.__new__(ChunkReceived)
-    _set_time(chunk, time_ns)
-    _set_content(chunk, content)
-    _set_reasoning(chunk, reasoning)
-    _set_finish(chunk, finish)
-    _set_completion(chunk, completion)
-    _set_empty(chunk, empty)
-    return chunk
+    """``ChunkReceived(time_ns, content, reasoning, finish, completion, empty)``, cheaply."""
+    chunk = _ChunkSlots()
+    chunk.time_ns = time_ns
+    chunk.content = content
+    chunk.reasoning = reasoning
+    chunk.finish_reason = finish
+    chunk.completion_tokens = completion
+    chunk.empty_token = empty
+    chunk.__class__ = ChunkReceived  # type: ignore[assignment]
+    return cast(ChunkReceived, chunk)
 
 
 def _append_chunk(obj: dict[str, Any], time_ns: int, events: list[Event]) -> None:
     """Append a ``ChunkReceived`` for a chunk with choices, then a ``UsageReceived`` for usage."""
     usage = obj.get("usage")
+    # A streamed token, nearly always: one choice whose delta has text, no usage. Read as
+    # _read_choice reads it, without the checks and lookups that cannot find anything: these
+    # subscripts succeed only on a list of one dict holding a dict (parsed JSON has no other
+    # types that take a string subscript).
+    try:
+        (choice,) = obj["choices"]
+        delta = choice["delta"]
+        content = delta["content"]
+    except (KeyError, TypeError, ValueError):
+        content = None
+    if type(content) is str and content and type(usage) is not dict and "text" not in choice:
+        if len(delta) == 1:  # content alone: no reasoning
+            reasoning = ""
+        else:
+            value = delta.get("reasoning_content") or delta.get("reasoning")
+            reasoning = value if type(value) is str else ""
+        reason = choice.get("finish_reason")
+        chunk = _ChunkSlots()  # _chunk_received(), inlined
+        chunk.time_ns = time_ns
+        chunk.content = content
+        chunk.reasoning = reasoning
+        chunk.finish_reason = reason if type(reason) is str else None
+        chunk.completion_tokens = None
+        chunk.empty_token = False  # it has text
+        chunk.__class__ = ChunkReceived  # type: ignore[assignment]
+        events.append(chunk)  # type: ignore[arg-type]  # it is a ChunkReceived now
+        timings = obj.get("timings")
+        if timings is not None and type(timings) is dict:
+            _append_timings(timings, time_ns, events)
+        return
+    choices = obj.get("choices")
     if usage is not None and type(usage) is not dict:  # parsed JSON: no dict subclasses
         usage = None
-    choices = obj.get("choices")
     if type(choices) is list and choices:
         content, reasoning, finish = (
             _read_choice(choices[0]) if len(choices) == 1 else _read_choices(choices)
@@ -97,13 +130,18 @@ def _append_chunk(obj: dict[str, Any], time_ns: int, events: list[Event]) -> Non
         )
     timings = obj.get("timings")
     if timings is not None and type(timings) is dict:
-        values = {
-            k: float(v)
-            for k, v in timings.items()
-            if k in TIMINGS_FIELDS and isinstance(v, (int, float)) and not isinstance(v, bool)
-        }
-        if values:
-            events.append(TimingsReceived(time_ns, values))
+        _append_timings(timings, time_ns, events)
+
+
+def _append_timings(timings: dict[str, Any], time_ns: int, events: list[Event]) -> None:
+    """Append a ``TimingsReceived`` with the numeric fields of ``TIMINGS_FIELDS``, if any."""
+    values = {
+        k: float(v)
+        for k, v in timings.items()
+        if k in TIMINGS_FIELDS and isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
+    if values:
+        events.append(TimingsReceived(time_ns, values))
 
 
 def _read_choices(choices: list[Any]) -> tuple[str, str, str | None]:

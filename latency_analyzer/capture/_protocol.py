@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, cast
 
 from aiohttp import ClientPayloadError
@@ -186,25 +186,30 @@ class TimedProtocol(ResponseHandler):
             if self.early is not None:  # before the first request: only HTTP/2 talks first
                 self.early.append((data, t))
             else:
-                super().data_received(data)
+                ResponseHandler.data_received(self, data)
             return
+        rec = state.recorder
         if wire is not None and data:  # b"": aiohttp resuming its parser, not a read
-            state.recorder.read(t, wire.read_user_ns, wire.read_stamped, wire.refused)
+            rec.read(t, wire.read_user_ns, wire.read_stamped, wire.refused)
         before = self._payload
-        super().data_received(data)
+        ResponseHandler.data_received(self, data)  # one per read: not through super()
         # a response that ended in this read on a connection that closes after it has had
         # its payload dropped already (aiohttp's close()): its last bytes still need a mark
-        payload = self._payload if self._payload is not None else before
+        payload = self._payload
         if payload is None:
-            return
-        if payload is not before and state.recorder.headers_ns is None:
+            if before is None:
+                return
+            payload = before
+        if payload is not before and rec.headers_ns is None:
             self.close_send()
-            state.recorder.response_headers(t)
+            rec.response_headers(t)
+        marks = self._marks
         if payload is not self._marked_payload:
             self._marked_payload, self._marks = payload, []
+            marks = self._marks
         received = payload.total_bytes
-        if not self._marks or received > self._marks[-1][0]:
-            self._marks.append((received, t))
+        if not marks or received > marks[-1][0]:
+            marks.append((received, t))
         if state.body_end_ns is None and payload.is_eof():
             state.body_end_ns = t
 
@@ -217,27 +222,31 @@ class TimedProtocol(ResponseHandler):
             payload.set_exception(cut, exc)
         super().connection_lost(exc)
 
-    def arrivals(self, offset: int, data: bytes) -> Iterator[tuple[bytes, int]]:
+    def arrivals(self, offset: int, data: bytes) -> list[tuple[bytes, int]]:
         """Split body bytes read at ``offset`` into pieces with the time each piece arrived."""
         end, pos = offset + len(data), offset
+        pieces = []
         for received, t in self._marks:
             if received <= pos:
                 continue
-            cut = min(received, end)
-            yield data[pos - offset : cut - offset], t
-            pos = cut
-            if pos >= end:
-                return
+            if received >= end:  # the read that brought the last of these bytes
+                pieces.append((data[pos - offset :] if pos > offset else data, t))
+                return pieces
+            pieces.append((data[pos - offset : received - offset], t))
+            pos = received
         if pos < end:  # bytes no data_received stamped (cannot happen): the read time is next best
-            yield data[pos - offset :], now_ns()
+            pieces.append((data[pos - offset :], now_ns()))
+        return pieces
 
     def forget_marks_before(self, offset: int) -> None:
         """Drop marks fully consumed, so a long stream keeps the list short."""
+        marks = self._marks
+        last = len(marks) - 1
         keep = 0
-        while keep < len(self._marks) - 1 and self._marks[keep][0] <= offset:
+        while keep < last and marks[keep][0] <= offset:
             keep += 1
         if keep:
-            del self._marks[:keep]
+            del marks[:keep]
 
 
 def _sent_ns(wire: WireStamps | None) -> int:

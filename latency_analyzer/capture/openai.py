@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from latency_analyzer._redact import redact_text
 from latency_analyzer.capture.sse import SSEParser
@@ -72,6 +72,9 @@ def _fastest_loads() -> Callable[[str | bytes], Any]:
 
 
 _loads = _fastest_loads()
+#: orjson's ``loads`` when installed: it reads an event's UTF-8 bytes without a str in between
+#: (and refuses invalid UTF-8, which then goes the way of decoded text, with U+FFFD).
+_bytes_loads: Callable[[str | bytes], Any] | None = None if _loads is _stdlib_loads else _loads
 _MAX_TEXT_MESSAGE = 200  # characters of a non-JSON error body worth showing to a person
 
 
@@ -106,8 +109,24 @@ class OpenAIStreamParser:
             The events completed by this chunk, in stream order.
         """
         events: list[Event] = []
-        for text in self._sse.feed_data(data):
-            self._on_data(text, time_ns, events)
+        loads = _loads
+        from_bytes = loads is _bytes_loads  # json.loads(bytes) would guess UTF-16 or -32
+        for raw in self._sse.feed_raw(data):
+            if type(raw) is bytes:  # a whole event as received
+                try:
+                    obj: Any = loads(raw if from_bytes else raw.decode("utf-8", "replace"))
+                except (ValueError, RecursionError):
+                    obj = None
+                if type(obj) is dict:
+                    if obj.get("error") is None and obj.get("object") != "error":
+                        self.chunks += 1
+                        _append_chunk(obj, time_ns, events)
+                    else:
+                        self._on_object(obj, time_ns, events)
+                    continue
+                # [DONE], or data that is not a JSON object: read as text, which says why
+                raw = raw.decode("utf-8", "replace")
+            self._on_data(cast(str, raw), time_ns, events)
         return events
 
     def close(self, time_ns: int) -> list[Event]:
@@ -138,6 +157,10 @@ class OpenAIStreamParser:
             obj = _load_object(data, time_ns, events)  # again, to say what is wrong with it
             if obj is None:
                 return
+        self._on_object(obj, time_ns, events)
+
+    def _on_object(self, obj: dict[str, Any], time_ns: int, events: list[Event]) -> None:
+        """One decoded JSON object: a chunk, or an error the server sent in the stream."""
         if (obj.get("error") is None and obj.get("object") != "error") or not _append_error(
             obj, time_ns, events
         ):

@@ -53,8 +53,29 @@ def _is_single_data_event(data: bytes) -> bool:
         data[:5] == b"data:"
         and data[-2:] == b"\n\n"
         and data.count(b"\n", 0, -2) == 0
-        and b"\r" not in data
+        and _CR not in data
     )
+
+
+def _whole_data_events(data: bytes) -> list[bytes] | None:
+    """The data of each event when ``data`` is nothing but whole ``data:`` + one line + blank
+    line events with LF endings (a read of one or more streamed tokens), else None.
+
+    The values are the raw bytes after ``data:`` and its optional space, not yet decoded.
+    """
+    if data[-2:] != b"\n\n" or data[:5] != b"data:" or _CR in data:
+        return None
+    if data.find(_LF) == len(data) - 2:  # one event: the usual read of a streamed token
+        return [data[6:-2] if data[5] == _SPACE else data[5:-2]]
+    parts = data.split(b"\n\n")
+    if parts.pop():  # not the empty remainder after the last blank line: LFs in a row
+        return None
+    values = []
+    for part in parts:  # each one line (so no blank line in a row either) of a data field
+        if part[:5] != b"data:" or _LF in part:
+            return None
+        values.append(part[6:] if part[5:6] == b" " else part[5:])
+    return values
 
 
 class SSEParser:
@@ -115,6 +136,25 @@ class SSEParser:
             return [value.decode("utf-8", "replace")]
         return [fields[0] for fields in self.feed_fields(data)]
 
+    def feed_raw(self, data: bytes) -> list[bytes] | list[str]:
+        """Like :meth:`feed_data`, leaving the decoding to the reader when it can: a chunk of
+        whole ``data:`` events, the usual read of a stream, gives each event's data as the
+        bytes received (UTF-8, not checked), anything else gives decoded strings."""
+        if self._closed:
+            raise RuntimeError("SSEParser.feed() called after close()")
+        if self._bom_checked and not (self._tail or self._in_event or self._skip_lf):
+            if (
+                data.find(_LF) == len(data) - 2  # one line, then the blank line (or no LF)
+                and data[-2:] == b"\n\n"
+                and data[:5] == b"data:"
+                and _CR not in data
+            ):  # one whole event, the usual read of a streamed token: _whole_data_events inlined
+                return [data[6:-2] if data[5] == _SPACE else data[5:-2]]
+            values = _whole_data_events(data)
+            if values is not None:
+                return values
+        return [fields[0] for fields in self.feed_fields(data)]
+
     def feed_fields(self, data: bytes) -> list[tuple[str, str, str | None, int | None]]:
         """The events one chunk completes as ``(data, event or "", id, retry)`` tuples."""
         if self._closed:
@@ -131,7 +171,7 @@ class SSEParser:
             data = self._strip_bom(data)
         if not data:
             return []
-        if b"\n" not in data and b"\r" not in data:
+        if _LF not in data and _CR not in data:
             self._tail += data
             return []
         if self._tail:
@@ -139,7 +179,7 @@ class SSEParser:
             self._tail.clear()
         # A CR ends its line now; remember it so a LF opening the next feed is not a new line.
         self._skip_lf = data[-1] == _CR
-        if b"\r" in data:
+        if _CR in data:
             data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         lines = data.split(b"\n")
         self._tail += lines.pop()
