@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from ..timeline._unfrozen import unfrozen
+
 __all__ = ["TraceContext", "inject"]
 
 _PROPAGATOR = TraceContextTextMapPropagator()
@@ -44,6 +46,23 @@ class TraceContext:
     def traceparent(self) -> str:
         """The header value that was sent."""
         return f"00-{self.trace_id}-{self.span_id}-{'01' if self.sampled else '00'}"
+
+
+_OpenTraceContext = unfrozen(TraceContext)
+_new = object.__new__
+
+
+def _context(trace_id: str, span_id: str) -> TraceContext:
+    """``TraceContext(trace_id, span_id)`` of a new sampled trace, from ids formatted here
+    (the field-by-field ``__init__`` of a frozen class costs more than the rest of inject)."""
+    ctx = _new(_OpenTraceContext)
+    ctx.trace_id = trace_id
+    ctx.span_id = span_id
+    ctx.parent_span_id = None
+    ctx.sampled = True
+    ctx.__class__ = TraceContext
+    built: TraceContext = ctx
+    return built
 
 
 def _new_span_id() -> int:
@@ -80,14 +99,14 @@ def inject(headers: MutableMapping[str, str]) -> TraceContext:
     Returns:
         The ids sent, to record on the waterfall.
     """
-    parent = _caller_context(headers)
+    parent = _caller_context(headers) if headers else None
     if parent is None:
         # a new sampled trace: the header is written here, as the propagator would write it
         # (``00-<trace>-<span>-01``, no ``tracestate``), without building a context for it
         trace_hex = f"{random.getrandbits(128) or 1:032x}"
         span_hex = f"{_new_span_id():016x}"
         headers["traceparent"] = f"00-{trace_hex}-{span_hex}-01"
-        return TraceContext(trace_id=trace_hex, span_id=span_hex)
+        return _context(trace_hex, span_hex)
     trace_id, flags, state = parent.trace_id, parent.trace_flags, parent.trace_state
     span_id = _new_span_id()
     context = trace.SpanContext(
