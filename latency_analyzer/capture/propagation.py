@@ -50,19 +50,7 @@ class TraceContext:
 
 _OpenTraceContext = unfrozen(TraceContext)
 _new = object.__new__
-
-
-def _context(trace_id: str, span_id: str) -> TraceContext:
-    """``TraceContext(trace_id, span_id)`` of a new sampled trace, from ids formatted here
-    (the field-by-field ``__init__`` of a frozen class costs more than the rest of inject)."""
-    ctx = _new(_OpenTraceContext)
-    ctx.trace_id = trace_id
-    ctx.span_id = span_id
-    ctx.parent_span_id = None
-    ctx.sampled = True
-    ctx.__class__ = TraceContext
-    built: TraceContext = ctx
-    return built
+_getrandbits = random.getrandbits  # the module's shared generator: random.seed() reaches it
 
 
 def _new_span_id() -> int:
@@ -103,10 +91,18 @@ def inject(headers: MutableMapping[str, str]) -> TraceContext:
     if parent is None:
         # a new sampled trace: the header is written here, as the propagator would write it
         # (``00-<trace>-<span>-01``, no ``tracestate``), without building a context for it
-        trace_hex = f"{random.getrandbits(128) or 1:032x}"
-        span_hex = f"{_new_span_id():016x}"
+        trace_hex = f"{_getrandbits(128) or 1:032x}"
+        span_id = _getrandbits(64)
+        while not span_id:  # as _new_span_id draws it
+            span_id = _getrandbits(64)
+        span_hex = f"{span_id:016x}"
         headers["traceparent"] = f"00-{trace_hex}-{span_hex}-01"
-        return _context(trace_hex, span_hex)
+        # built in its slots: the frozen field-by-field __init__ costs more than the rest
+        ctx = _new(_OpenTraceContext)
+        ctx.trace_id, ctx.span_id, ctx.parent_span_id, ctx.sampled = trace_hex, span_hex, None, True
+        ctx.__class__ = TraceContext
+        built: TraceContext = ctx
+        return built
     trace_id, flags, state = parent.trace_id, parent.trace_flags, parent.trace_state
     span_id = _new_span_id()
     context = trace.SpanContext(
