@@ -373,13 +373,15 @@ class Recorder:
         if self.headers_ns is None:
             return [_span("wait", send_end, max(send_end, end_ns), failed)]
         headers = max(self.headers_ns, self.start_ns)
-        out = [_span("wait", min(send_end, headers), headers)]
+        # wait and tail cannot run backwards (min/max below): built without the check
+        out = [prechecked_span("wait", min(send_end, headers), headers)]
         last = headers
-        if self._chunks:
+        if self._chunks:  # chunk instants came from outside: these two are checked
             first, last = self._chunks[0].time_ns, self._chunks[-1].time_ns
             out.append(_span("first_token", headers, first))
             out.append(_span("decode", first, last))
-        out.append(_span("tail", last, max(last, end_ns), failed))
+        tail_attrs = _NO_ATTRIBUTES if failed is None else MappingProxyType(failed)
+        out.append(prechecked_span("tail", last, max(last, end_ns), "client", tail_attrs))
         return out
 
     def _token_counts(self) -> tuple[tuple[int, ...], tuple[int, ...], int | None, str | None]:
