@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 from ..timeline import TcpInfo
+from ..timeline._unfrozen import unfrozen
 from ._state import now_ns
 
 __all__ = ["read_tcp_info", "tcp_info_of"]
@@ -48,12 +49,58 @@ def _whole_struct() -> struct.Struct:
 
 _WHOLE = _whole_struct()
 _NAMES = tuple(name for name, _, _ in sorted(_FIELDS, key=lambda f: f[2]))
+# the order _whole_struct unpacks them in, which _whole spells out field by field
+_WHOLE_ORDER = (
+    "retransmits",
+    "rto_us",
+    "lost",
+    "rtt_us",
+    "rttvar_us",
+    "snd_cwnd",
+    "reordering",
+    "total_retrans",
+    "segs_out",
+    "min_rtt_us",
+    "delivery_rate",
+    "bytes_retrans",
+    "rcv_ooopack",
+)
+if _NAMES != _WHOLE_ORDER:
+    raise RuntimeError("_WHOLE_ORDER must list _FIELDS by offset")
+_OpenTcpInfo = unfrozen(TcpInfo)
+_LINUX = sys.platform.startswith("linux")
+
+
+def _whole(raw: bytes, at_ns: int) -> TcpInfo:
+    """Every field of a current kernel's struct, in one unpack, stored straight into the
+    slots (a reading is taken at every request's end; the frozen ``__init__`` would set
+    its 14 fields one call each)."""
+    info = object.__new__(_OpenTcpInfo)
+    info.at_ns = at_ns
+    (
+        info.retransmits,
+        info.rto_us,
+        info.lost,
+        info.rtt_us,
+        info.rttvar_us,
+        info.snd_cwnd,
+        info.reordering,
+        info.total_retrans,
+        info.segs_out,
+        info.min_rtt_us,
+        info.delivery_rate,
+        info.bytes_retrans,
+        info.rcv_ooopack,
+    ) = _WHOLE.unpack_from(raw)
+    info.__class__ = TcpInfo
+    built: TcpInfo = info
+    return built
 
 
 def decode_tcp_info(raw: bytes, at_ns: int) -> TcpInfo | None:
     """The fields of a ``struct tcp_info`` byte string (native order); None if too short."""
     if len(raw) >= _WHOLE.size:  # a current kernel: every field, in one unpack
-        return TcpInfo(at_ns, **dict(zip(_NAMES, _WHOLE.unpack_from(raw), strict=True)))
+        return _whole(raw, at_ns)
     values: dict[str, int | None] = {}
     for name, fmt, offset in _FIELDS:
         size = struct.calcsize(fmt)
@@ -67,7 +114,7 @@ def decode_tcp_info(raw: bytes, at_ns: int) -> TcpInfo | None:
 
 def read_tcp_info(sock: Any) -> TcpInfo | None:
     """One reading from ``sock`` (a socket or asyncio's ``TransportSocket``), or None."""
-    if not sys.platform.startswith("linux") or sock is None:
+    if not _LINUX or sock is None:
         return None
     try:
         raw = sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, _LENGTH)
@@ -77,7 +124,18 @@ def read_tcp_info(sock: Any) -> TcpInfo | None:
 
 
 def tcp_info_of(transport: Any) -> TcpInfo | None:
-    """One reading from the socket under an asyncio transport (TLS or plain), or None."""
-    if transport is None:
+    """One reading from the socket under an asyncio transport (TLS or plain), or None.
+
+    What :func:`read_tcp_info` does, in one call: a reading is taken at each request's end.
+    """
+    if transport is None or not _LINUX:
         return None
-    return read_tcp_info(transport.get_extra_info("socket"))
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return None
+    try:
+        raw = sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, _LENGTH)
+    except (OSError, ValueError):  # closed, or not a TCP socket
+        return None
+    at_ns = now_ns()
+    return _whole(raw, at_ns) if len(raw) >= _WHOLE.size else decode_tcp_info(raw, at_ns)

@@ -53,6 +53,7 @@ _TCP_INFO = getattr(
     socket, "TCP_INFO", 11
 )  # struct tcp_info: u32 tcpi_rtt at 68, total_retrans at 100
 _TIMESPEC = {16: struct.Struct("@qq"), 8: struct.Struct("@ii")}
+_SOL_SOCKET = socket.SOL_SOCKET
 
 
 def kernel_stamps_supported() -> str | None:
@@ -131,33 +132,20 @@ class WireStamps:
         """A new request starts on this socket: its first send is stamped afresh."""
         self.first_send_ns = None
 
-    def _sent(self, before_ns: int, after_ns: int) -> None:
-        if self.first_send_ns is None:
-            self.first_send_ns = before_ns
-        self.send_start_ns, self.sent_ns = before_ns, after_ns
-
     def _read(self, ancdata: list[tuple[int, int, bytes]], user_ns: int) -> None:
         self.read_user_ns = user_ns
-        epoch = _stamp(ancdata)
-        if epoch is None:
-            self.read_kernel_ns, self.read_stamped = user_ns, False
-        else:
-            self.read_kernel_ns, self.read_stamped = _epoch_to_perf(epoch), True
-
-
-def _stamp(ancdata: list[tuple[int, int, bytes]]) -> int | None:
-    """The SCM_TIMESTAMPNS of a recvmsg, epoch ns (None: the kernel gave none)."""
-    for level, kind, data in ancdata:
-        if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS:
-            unpack = _TIMESPEC.get(len(data))
-            if unpack is not None:
-                sec, nsec = unpack.unpack(data)
-                return int(sec) * 1_000_000_000 + int(nsec)
-    return None
-
-
-def _epoch_to_perf(epoch_ns: int) -> int:
-    return process_anchor().to_perf_ns(epoch_ns)
+        # the SCM_TIMESTAMPNS of the recvmsg, epoch ns, mapped through the process anchor
+        # (inline: every read of every response comes through here)
+        for level, kind, data in ancdata:
+            if level == _SOL_SOCKET and kind == _SO_TIMESTAMPNS:
+                unpack = _TIMESPEC.get(len(data))
+                if unpack is not None:
+                    sec, nsec = unpack.unpack(data)
+                    epoch = sec * 1_000_000_000 + nsec
+                    self.read_kernel_ns = process_anchor().to_perf_ns(epoch)
+                    self.read_stamped = True
+                    return
+        self.read_kernel_ns, self.read_stamped = user_ns, False  # the kernel gave none
 
 
 _by_fd: weakref.WeakValueDictionary[int, StampedSocket] = weakref.WeakValueDictionary()
@@ -226,35 +214,48 @@ class StampedSocket(socket.socket):
 
     # -- reads: asyncio's transports call these --
     def recv(self, bufsize: int, flags: int = 0) -> bytes:
-        if not self.wire.kernel:
-            data = super().recv(bufsize, flags)
-            self.wire._read([], _now())
+        wire = self.wire
+        if not wire.kernel:
+            data = _recv(self, bufsize, flags)
+            wire._read([], _now())
             return data
         data, ancdata, _, _ = self.recvmsg(bufsize, _ANC_SIZE, flags)
-        self.wire._read(ancdata, _now())
+        wire._read(ancdata, _now())
         return data
 
     def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
-        if not self.wire.kernel:
-            n = super().recv_into(buffer, nbytes, flags)
-            self.wire._read([], _now())
+        wire = self.wire
+        if not wire.kernel:
+            n = _recv_into(self, buffer, nbytes, flags)
+            wire._read([], _now())
             return n
         view = memoryview(buffer).cast("B")
         if nbytes:
             view = view[:nbytes]
         n, ancdata, _, _ = self.recvmsg_into([view], _ANC_SIZE, flags)
-        self.wire._read(ancdata, _now())
+        wire._read(ancdata, _now())
         return n
 
-    # -- sends --
+    # -- sends: the instant before the syscall and after it returned, on WireStamps --
     def send(self, data: Any, flags: int = 0) -> int:
         t = _now()
-        n = super().send(data, flags)
-        self.wire._sent(t, _now())
+        n = _send(self, data, flags)
+        after, wire = _now(), self.wire
+        if wire.first_send_ns is None:
+            wire.first_send_ns = t
+        wire.send_start_ns, wire.sent_ns = t, after
         return n
 
     def sendmsg(self, buffers: Any, *args: Any) -> int:
         t = _now()
-        n = super().sendmsg(buffers, *args)
-        self.wire._sent(t, _now())
+        n = _sendmsg(self, buffers, *args)
+        after, wire = _now(), self.wire
+        if wire.first_send_ns is None:
+            wire.first_send_ns = t
+        wire.send_start_ns, wire.sent_ns = t, after
         return n
+
+
+# the C methods StampedSocket's overrides call (what ``super()`` finds, without looking)
+_recv, _recv_into = socket.socket.recv, socket.socket.recv_into
+_send, _sendmsg = socket.socket.send, socket.socket.sendmsg

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from ..timeline._unfrozen import unfrozen
+
 __all__ = ["TraceContext", "inject"]
 
 _PROPAGATOR = TraceContextTextMapPropagator()
@@ -44,6 +46,11 @@ class TraceContext:
     def traceparent(self) -> str:
         """The header value that was sent."""
         return f"00-{self.trace_id}-{self.span_id}-{'01' if self.sampled else '00'}"
+
+
+_OpenTraceContext = unfrozen(TraceContext)
+_new = object.__new__
+_getrandbits = random.getrandbits  # the module's shared generator: random.seed() reaches it
 
 
 def _new_span_id() -> int:
@@ -80,14 +87,22 @@ def inject(headers: MutableMapping[str, str]) -> TraceContext:
     Returns:
         The ids sent, to record on the waterfall.
     """
-    parent = _caller_context(headers)
+    parent = _caller_context(headers) if headers else None
     if parent is None:
         # a new sampled trace: the header is written here, as the propagator would write it
         # (``00-<trace>-<span>-01``, no ``tracestate``), without building a context for it
-        trace_hex = f"{random.getrandbits(128) or 1:032x}"
-        span_hex = f"{_new_span_id():016x}"
+        trace_hex = f"{_getrandbits(128) or 1:032x}"
+        span_id = _getrandbits(64)
+        while not span_id:  # as _new_span_id draws it
+            span_id = _getrandbits(64)
+        span_hex = f"{span_id:016x}"
         headers["traceparent"] = f"00-{trace_hex}-{span_hex}-01"
-        return TraceContext(trace_id=trace_hex, span_id=span_hex)
+        # built in its slots: the frozen field-by-field __init__ costs more than the rest
+        ctx = _new(_OpenTraceContext)
+        ctx.trace_id, ctx.span_id, ctx.parent_span_id, ctx.sampled = trace_hex, span_hex, None, True
+        ctx.__class__ = TraceContext
+        built: TraceContext = ctx
+        return built
     trace_id, flags, state = parent.trace_id, parent.trace_flags, parent.trace_state
     span_id = _new_span_id()
     context = trace.SpanContext(

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["ConnectionInfo", "TlsInfo"]
+from ._unfrozen import unfrozen
+
+__all__ = ["ConnectionInfo", "TlsInfo", "connection_info"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,3 +35,21 @@ class ConnectionInfo:
     connection_id: int | None = None
     peer: str | None = None
     requests_before: int = 0
+
+
+_OpenConnectionInfo = unfrozen(ConnectionInfo)
+
+
+def connection_info(
+    reused: bool, connection_id: int | None, peer: str | None, requests_before: int
+) -> ConnectionInfo:
+    """``ConnectionInfo(reused, connection_id, peer, requests_before)`` built in its slots, for
+    the connector, which makes one per request (see ``_unfrozen``): an equal instance."""
+    info = object.__new__(_OpenConnectionInfo)
+    info.reused = reused
+    info.connection_id = connection_id
+    info.peer = peer
+    info.requests_before = requests_before
+    info.__class__ = ConnectionInfo
+    built: ConnectionInfo = info
+    return built

@@ -7,7 +7,6 @@ from types import MappingProxyType
 from typing import Any
 
 from ..errors import UsageError
-from ._build import prechecked_waterfall
 from ._clock import ClockAnchor, process_anchor
 from ._span import _NO_ATTRIBUTES, AttrValue, Span, prechecked_span
 from ._stages import CLIENT_STAGES, ROOT_NAME
@@ -19,11 +18,15 @@ from ._tokens import (
     distribute_tokens,
     token_cap,
 )
+from ._unfrozen import unfrozen
 from ._waterfall import ConnectionInfo, TlsInfo, Waterfall
 
 __all__ = ["Recorder"]
 
 _STAGE_NAMES = frozenset(CLIENT_STAGES)
+_OpenWaterfall = unfrozen(Waterfall)
+_NO_CONNECTION = ConnectionInfo()  # frozen: one shared instance until the connector sets one
+_new = object.__new__
 
 
 def _span(
@@ -39,8 +42,11 @@ def _span(
 
 def _in_start_order(spans: list[Span]) -> tuple[Span, ...]:
     """The spans as children of one parent: sorted by start as ``Span()`` would sort them."""
-    if any(spans[i].start_ns > spans[i + 1].start_ns for i in range(len(spans) - 1)):
-        return tuple(sorted(spans, key=lambda s: (s.start_ns, s.end_ns)))
+    previous = None
+    for span in spans:
+        if previous is not None and previous > span.start_ns:
+            return tuple(sorted(spans, key=lambda s: (s.start_ns, s.end_ns)))
+        previous = span.start_ns
     return tuple(spans)
 
 
@@ -81,6 +87,7 @@ class Recorder:
         self.intended_start_ns = intended_start_ns
         self.anchor = anchor if anchor is not None else process_anchor()
         self._spans: list[Span] = []
+        self._closed: set[str] = set()  # the names in _spans
         self._open: dict[str, tuple[int, dict[str, AttrValue]]] = {}
         self._chunks: list[_Chunk] = []
         self._empty: tuple[int, int] | None = None  # first and last empty-text token chunk
@@ -88,7 +95,7 @@ class Recorder:
         self.status: int | None = None
         self.http_version: str | None = None
         self.tls: TlsInfo | None = None
-        self.connection = ConnectionInfo()
+        self.connection = _NO_CONNECTION
         self.tcp_connect: TcpInfo | None = None
         self.tcp_end: TcpInfo | None = None
         self.error: str | None = None
@@ -112,7 +119,7 @@ class Recorder:
             raise UsageError(f"{name!r} is not a client stage (one of {', '.join(CLIENT_STAGES)})")
         if name in self._open:
             raise UsageError(f"stage {name!r} is already open")
-        self._open[name] = (t_ns, dict(attrs))
+        self._open[name] = (t_ns, attrs)  # ``**attrs`` is a dict of this call's own
 
     def end(self, name: str, t_ns: int, **attrs: AttrValue) -> None:
         """Close the open stage ``name`` at ``t_ns``, adding ``attrs``.
@@ -125,8 +132,11 @@ class Recorder:
             start, opened = self._open.pop(name)
         except KeyError:
             raise UsageError(f"stage {name!r} was not begun") from None
-        opened.update(attrs)
-        self.add(name, start, max(start, t_ns), **opened)
+        if attrs:
+            opened.update(attrs)
+        # ``opened`` was made for this stage (``begin``): the span wraps it, no copy
+        self._spans.append(_span(name, start, t_ns if t_ns > start else start, opened))
+        self._closed.add(name)
 
     def move_start(self, name: str, t_ns: int) -> None:
         """Start the open stage ``name`` at ``t_ns`` instead: a boundary known only later (the
@@ -140,18 +150,22 @@ class Recorder:
     def add(self, name: str, start_ns: int, end_ns: int, **attrs: AttrValue) -> None:
         """Record a closed stage."""
         self._spans.append(_span(name, start_ns, end_ns, attrs))
+        self._closed.add(name)
 
     def is_open(self, name: str) -> bool:
         return name in self._open
 
     def has(self, name: str) -> bool:
         """True if a closed stage ``name`` was recorded."""
-        return any(s.name == name for s in self._spans)
+        return name in self._closed
 
     def span_end(self, name: str) -> int | None:
         """End of the last closed stage called ``name``."""
-        ends = [s.end_ns for s in self._spans if s.name == name]
-        return ends[-1] if ends else None
+        end = None
+        for span in self._spans:
+            if span.name == name:
+                end = span.end_ns
+        return end
 
     def span_start(self, name: str) -> int | None:
         """Start of the first closed stage called ``name``."""
@@ -240,8 +254,12 @@ class Recorder:
         self._finished = True
         for name in list(self._open):
             self.end(name, t_ns, interrupted=self.interrupted)
-        self._clip_send()
-        end_ns = max([t_ns, *(s.end_ns for s in self._spans)])
+        if self.headers_ns is not None:
+            self._clip_send(self.headers_ns)
+        end_ns = t_ns
+        for span in self._spans:
+            if span.end_ns > end_ns:
+                end_ns = span.end_ns
         spans = [*self._lag_span(), *self._spans, *self._response_spans(end_ns)]
         # a request a scheduler started early (clock conversion, a few µs) starts when it did
         intended = self.intended_start_ns
@@ -251,9 +269,13 @@ class Recorder:
         root = prechecked_span(
             ROOT_NAME, root_start, end_ns, "client", _NO_ATTRIBUTES, _in_start_order(spans)
         )
-        times, tokens, n_out, source = self._token_counts()
+        chunks = self._chunks
+        if chunks or self.usage_completion is not None:
+            times, tokens, n_out, source = self._token_counts()
+        else:  # what _token_counts gives for no chunks and no usage, without the work
+            times, tokens, n_out, source = (), (), None, None
         first_reasoning = first_answer = None
-        for c in self._chunks:
+        for c in chunks:
             if c.reasoning:
                 if first_reasoning is None:
                     first_reasoning = c.time_ns
@@ -263,33 +285,35 @@ class Recorder:
                 first_answer = c.time_ns
                 if first_reasoning is not None:
                     break
-        values = {
-            "root": root,
-            "method": self.method,
-            "url": self.url,
-            "status": self.status,
-            "http_version": self.http_version,
-            "error": self.error,
-            "error_type": self.error_type,
-            "chunk_times_ns": times,
-            "chunk_tokens": tokens,
-            "first_reasoning_ns": first_reasoning,
-            "first_answer_ns": first_answer,
-            "output_tokens": n_out,
-            "output_tokens_source": source,
-            "input_tokens": self.usage_prompt,
-            "tls": self.tls,
-            "connection": self.connection,
-            "anchor": self.anchor,
-            "tcp_connect": self.tcp_connect,
-            "tcp_end": self.tcp_end,
-            **self._read_fields(),
-            "first_chunk_ns": self._empty_before(times[0] if times else None),
-            "last_chunk_ns": self._empty_after(times[-1] if times else None),
-        }
-        # after _read_fields, which may add a note; copied: the Recorder's dict stays its own
-        values["attributes"] = MappingProxyType(dict(self.attributes))
-        return prechecked_waterfall(values)
+        # every field of the Waterfall is set here, defaults included (see ._unfrozen)
+        wf = _new(_OpenWaterfall)
+        wf.root = root
+        wf.method = self.method
+        wf.url = self.url
+        wf.status = self.status
+        wf.http_version = self.http_version
+        wf.error = self.error
+        wf.error_type = self.error_type
+        wf.chunk_times_ns = times
+        wf.chunk_tokens = tokens
+        wf.first_reasoning_ns = first_reasoning
+        wf.first_answer_ns = first_answer
+        wf.output_tokens = n_out
+        wf.output_tokens_source = source
+        wf.input_tokens = self.usage_prompt
+        wf.tls = self.tls
+        wf.connection = self.connection
+        wf.anchor = self.anchor
+        wf.tcp_connect = self.tcp_connect
+        wf.tcp_end = self.tcp_end
+        self._set_read_fields(wf)
+        wf.first_chunk_ns = self._empty_before(times[0] if times else None)
+        wf.last_chunk_ns = self._empty_after(times[-1] if times else None)
+        # after the read fields, which may add a note; copied: the Recorder's dict stays its own
+        wf.attributes = MappingProxyType(dict(self.attributes))
+        wf.__class__ = Waterfall
+        frozen: Waterfall = wf
+        return frozen
 
     def _empty_before(self, first_ns: int | None) -> int | None:
         if self._empty is None or (first_ns is not None and self._empty[0] >= first_ns):
@@ -301,33 +325,30 @@ class Recorder:
             return None
         return self._empty[1]
 
-    def _read_fields(self) -> dict[str, Any]:
-        """clock_source, read lag and read counts for the Waterfall."""
+    def _set_read_fields(self, wf: Any) -> None:
+        """clock_source, read lag and read counts of the Waterfall being built."""
         kernel, user = self._kernel_reads, self._user_reads
         if not kernel and not user:
-            return {}
-        source = "kernel" if not user else "userspace" if not kernel else "mixed"
+            wf.clock_source = wf.read_lag_p50_ns = wf.read_lag_max_ns = None
+            wf.reads = wf.multi_event_reads = 0
+            wf.shared_read_chunks = ()
+            return
+        wf.clock_source = "kernel" if not user else "userspace" if not kernel else "mixed"
         if self._refused is not None:
             self.attributes.setdefault("clock_note", self._refused)
-        out: dict[str, Any] = {
-            "clock_source": source,
-            "reads": kernel + user,
-            "multi_event_reads": self.multi_event_reads,
-            "shared_read_chunks": tuple(self._shared),
-        }
-        if self._lags:
-            lags = sorted(self._lags)
-            out["read_lag_p50_ns"] = lags[(len(lags) - 1) // 2]
-            out["read_lag_max_ns"] = lags[-1]
-        return out
+        wf.reads = kernel + user
+        wf.multi_event_reads = self.multi_event_reads
+        wf.shared_read_chunks = tuple(self._shared)
+        lags = self._lags
+        if len(lags) > 1:
+            lags = sorted(lags)
+        wf.read_lag_p50_ns = lags[(len(lags) - 1) // 2] if lags else None
+        wf.read_lag_max_ns = lags[-1] if lags else None
 
-    def _clip_send(self) -> None:
+    def _clip_send(self, headers: int) -> None:
         """A ``send`` whose last byte left after the response headers arrived (a server that
         answered before reading the whole body, or a drain noticed late) ends at the headers:
         the stages stay in path order and ``wait`` is zero."""
-        headers = self.headers_ns
-        if headers is None:
-            return
         for i, span in enumerate(self._spans):
             if span.name == "send" and span.end_ns > headers:
                 attrs = {
@@ -352,13 +373,15 @@ class Recorder:
         if self.headers_ns is None:
             return [_span("wait", send_end, max(send_end, end_ns), failed)]
         headers = max(self.headers_ns, self.start_ns)
-        out = [_span("wait", min(send_end, headers), headers)]
+        # wait and tail cannot run backwards (min/max below): built without the check
+        out = [prechecked_span("wait", min(send_end, headers), headers)]
         last = headers
-        if self._chunks:
+        if self._chunks:  # chunk instants came from outside: these two are checked
             first, last = self._chunks[0].time_ns, self._chunks[-1].time_ns
             out.append(_span("first_token", headers, first))
             out.append(_span("decode", first, last))
-        out.append(_span("tail", last, max(last, end_ns), failed))
+        tail_attrs = _NO_ATTRIBUTES if failed is None else MappingProxyType(failed)
+        out.append(prechecked_span("tail", last, max(last, end_ns), "client", tail_attrs))
         return out
 
     def _token_counts(self) -> tuple[tuple[int, ...], tuple[int, ...], int | None, str | None]:

@@ -8,6 +8,7 @@ from types import MappingProxyType
 
 from ..errors import UsageError
 from ._stages import BACKGROUND_STAGES, Source
+from ._unfrozen import unfrozen
 
 __all__ = ["AttrValue", "Span", "exclusive_ns", "prechecked_span"]
 
@@ -75,12 +76,7 @@ class Span:
         return None
 
 
-_set_name = Span.__dict__["name"].__set__
-_set_start = Span.__dict__["start_ns"].__set__
-_set_end = Span.__dict__["end_ns"].__set__
-_set_source = Span.__dict__["source"].__set__
-_set_attributes = Span.__dict__["attributes"].__set__
-_set_children = Span.__dict__["children"].__set__
+_OpenSpan = unfrozen(Span)
 _new = object.__new__
 
 
@@ -96,14 +92,16 @@ def prechecked_span(
     start_ns``, ``attributes`` a read-only mapping no one else holds, ``children`` a tuple in
     start order. The Recorder builds every span of a waterfall this way from instants it
     checked as they came in; anything built from outside goes through ``Span()``."""
-    span: Span = _new(Span)
-    _set_name(span, name)
-    _set_start(span, start_ns)
-    _set_end(span, end_ns)
-    _set_source(span, source)
-    _set_attributes(span, attributes)
-    _set_children(span, children)
-    return span
+    span = _new(_OpenSpan)
+    span.name = name
+    span.start_ns = start_ns
+    span.end_ns = end_ns
+    span.source = source
+    span.attributes = attributes
+    span.children = children
+    span.__class__ = Span
+    built: Span = span
+    return built
 
 
 def _residual_name(span: Span, is_root: bool) -> str:

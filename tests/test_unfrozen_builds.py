@@ -1,0 +1,80 @@
+"""Objects built in the writable twin of a frozen class equal the checked constructor's.
+
+The Recorder's waterfall is compared field by field in ``test_lean_path``; these are the
+smaller records built the same way on every request: TCP_INFO readings, the connection's
+place in the pool, the trace context sent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import struct
+
+import pytest
+
+from latency_analyzer.capture._tcpinfo import _FIELDS, decode_tcp_info
+from latency_analyzer.capture.propagation import TraceContext, inject
+from latency_analyzer.timeline import ConnectionInfo, Span, TcpInfo
+from latency_analyzer.timeline._info import connection_info
+from latency_analyzer.timeline._span import prechecked_span
+from latency_analyzer.timeline._unfrozen import unfrozen
+
+
+def _raw_tcp_info(rng: random.Random, length: int) -> bytes:
+    raw = bytearray(rng.randbytes(length))
+    for _name, fmt, offset in _FIELDS:  # a field's bytes are what the kernel would copy
+        size = struct.calcsize(fmt)
+        if offset + size <= length:
+            raw[offset : offset + size] = rng.randbytes(size)
+    return bytes(raw)
+
+
+@pytest.mark.parametrize("length", [232, 240, 104])
+def test_tcp_info_decoded_in_slots_equals_the_constructor(length: int) -> None:
+    rng = random.Random(length)
+    for at in range(200):
+        raw = _raw_tcp_info(rng, length)
+        info = decode_tcp_info(raw, at)
+        assert info is not None and type(info) is TcpInfo
+        values = {
+            name: (
+                struct.unpack_from("=" + fmt, raw, offset)[0]
+                if offset + struct.calcsize(fmt) <= length
+                else None
+            )
+            for name, fmt, offset in _FIELDS
+        }
+        expected = TcpInfo(at_ns=at, **values)  # type: ignore[arg-type]  # all present here
+        assert info == expected and hash(info) == hash(expected)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            info.rtt_us = 1  # type: ignore[misc]  # frozen: the point of the check
+
+
+def test_connection_info_and_span_built_in_slots_equal_the_constructor() -> None:
+    built = connection_info(True, 7, "127.0.0.1:80", 3)
+    checked = ConnectionInfo(reused=True, connection_id=7, peer="127.0.0.1:80", requests_before=3)
+    assert type(built) is ConnectionInfo and built == checked and hash(built) == hash(checked)
+    assert connection_info(False, None, None, 0) == ConnectionInfo()
+    span, checked_span = prechecked_span("send", 1, 4), Span("send", 1, 4)
+    assert type(span) is Span and span == checked_span and hash(span) == hash(checked_span)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        span.end_ns = 0  # type: ignore[misc]  # frozen: the point of the check
+
+
+def test_trace_context_of_a_new_trace_equals_the_constructor() -> None:
+    random.seed(5)
+    ctx = inject({})
+    random.seed(5)
+    trace = f"{random.getrandbits(128) or 1:032x}"
+    span = f"{random.getrandbits(64):016x}"
+    assert type(ctx) is TraceContext and ctx == TraceContext(trace, span)
+    assert hash(ctx) == hash(TraceContext(trace, span))
+
+
+def test_only_slotted_classes_get_a_twin() -> None:
+    class Plain:
+        pass
+
+    with pytest.raises(TypeError, match="not a slotted class"):
+        unfrozen(Plain)
