@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from typing import Any
 
 import pytest
@@ -160,8 +161,61 @@ def test_rule_fires_on_its_case(rule: str, over: dict[str, Any], words: str) -> 
     finding = next(f for f in found if f.rule == rule)
     assert words in finding.cause + finding.title
     assert finding.time_at_stake_s > 0.002 and " ms" in finding.evidence
-    # the same requests as a set: the rule still fires, on means
-    assert rule in rules(diagnose_set([healthy(i, **over) for i in range(1, 6)]))
+    # the same requests as a set: the rule still fires, on means. Requests that queue for a
+    # connection are in flight together: five one after another never did (see
+    # test_pool_wait_in_a_set_needs_a_full_pool), so that set is one connection handed on
+    run = handed_on(5, **over) if rule == "pool_wait" else [healthy(i, **over) for i in range(1, 6)]
+    assert rule in rules(diagnose_set(run))
+
+
+def handed_on(n: int, pool_wait: float, late: float = 0.0, pool: int = 1) -> list[Waterfall]:
+    """``n`` requests started together on a pool of ``pool`` connections: each waits for one
+    (``pool_wait`` ms longer per round, ``late`` ms beyond the moment it was free: a loop
+    that woke late) and then holds it for the same exchange as ``healthy``."""
+    exchange = healthy(0).e2e * 1e3
+    waits = [k // pool * (exchange + late) for k in range(n)]
+    if pool_wait:  # the first round waits too, the stage's own length, for nothing held
+        waits = [w + pool_wait for w in waits]
+    return [healthy(k + 1, start_ms=0.0, pool_wait=w) for k, w in enumerate(waits)]
+
+
+def test_pool_wait_in_a_set_needs_a_full_pool() -> None:
+    """In a set, pool_wait counts only while the pool was full: a request waits for a pooled
+    connection while others hold them all, not when the stage grew because our event loop
+    woke late with nothing else in flight."""
+    # one after another, 40 ms of pool_wait each (15% of e2e): nobody held a connection
+    seq = [healthy(i, pool_wait=40.0) for i in range(1, 6)]
+    assert all(a.start_ns + a.e2e_ns <= b.start_ns for a, b in itertools.pairwise(seq))
+    assert "pool_wait" not in rules(diagnose_set(seq))
+    ws = WaterfallSet()
+    ws.extend(seq)
+    assert "pool_wait" not in rules(diagnose_set(ws))  # from the columns too
+    assert all("pool_wait" in rules(diagnose(wf)) for wf in seq)  # alone, each still is told
+    # four in flight together, each 40 ms late to its connection: the pool was never full
+    burst = [healthy(i, start_ms=i * 1.0, pool_wait=40.0) for i in range(1, 5)]
+    assert "pool_wait" not in rules(diagnose_set(burst))
+
+    # six requests at once on a pool of two: four queue, for one exchange and for two, and
+    # each takes its connection 3 ms after it was free (a late loop, not the pool's doing)
+    queued = handed_on(6, 0.0, late=3.0, pool=2)
+    exchange = healthy(0).e2e
+    assert [wf.attribution()["pool_wait"] for wf in queued[::2]] == pytest.approx(
+        [0.0, exchange + 0.003, 2 * (exchange + 0.003)], abs=1e-9
+    )
+    for run in (queued, ws_of(queued)):
+        pool = next(f for f in diagnose_set(run) if f.rule == "pool_wait")
+        # ground truth: the full pool's time inside the waits, (0+0+1+1+2+2)/6 exchanges
+        assert pool.e2e_at_stake_s == pytest.approx(exchange, abs=1e-9)
+        assert pool.data["pool_wait_s"] == pytest.approx(exchange + 0.003, abs=1e-9)
+        assert pool.data["connections_in_use"] == 2
+        assert pool.data["queued_requests"] == pool.requests == 4
+        assert "2 connections were in use, the most these requests held" in pool.evidence
+
+
+def ws_of(wfs: list[Waterfall]) -> WaterfallSet:
+    ws = WaterfallSet()
+    ws.extend(wfs)
+    return ws
 
 
 def test_decode_dominated_but_fast_is_not_a_finding() -> None:

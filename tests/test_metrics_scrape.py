@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.server
+import threading
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator
@@ -20,6 +22,7 @@ import numpy as np
 import pytest
 from aiohttp import web
 
+from latency_analyzer.capture._wire import kernel_stamps_supported
 from latency_analyzer.errors import UsageError
 from latency_analyzer.load import RunResult, Scenario, run
 from latency_analyzer.metrics import Scraper, Target, explain, join, parse, request_instants
@@ -187,6 +190,95 @@ async def test_failing_endpoints_are_gaps_with_reasons_and_never_pile_up(
     for gap in hang:
         assert (gap.end_ns - gap.start_ns) / 1e9 >= 0.1
         assert clock.asleep_s(gap.start_ns, gap.end_ns) <= 0.1 + 0.001
+
+
+class LateLoopEndpoint:
+    """A metrics endpoint in a thread of its own, so that it answers while the test's loop is
+    stuck. Its first request makes that loop block (a callback that sleeps ``block_s``), waits
+    until it does, and is answered ``answer_after_s`` into the block. It notes when the answer
+    had been written (``sendall`` returned: on loopback the bytes are in our socket's queue)."""
+
+    TEXT = "# TYPE queue_depth gauge\nqueue_depth 7\n"
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, answer_after_s: float, block_s: float):
+        self.loop, self.answer_after_s, self.block_s = loop, answer_after_s, block_s
+        self.blocked_ns: list[int] = []
+        self.wrote_ns: list[int] = []
+        self._blocking = threading.Event()
+        endpoint = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, a Content-Length body
+
+            def do_GET(self) -> None:
+                if not endpoint.wrote_ns:
+                    endpoint.loop.call_soon_threadsafe(endpoint._block)
+                    assert endpoint._blocking.wait(10)
+                    time.sleep(endpoint.answer_after_s)
+                body = endpoint.TEXT.encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                endpoint.wrote_ns.append(time.perf_counter_ns())
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/metrics"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def _block(self) -> None:
+        self.blocked_ns.append(time.perf_counter_ns())
+        self._blocking.set()
+        time.sleep(self.block_s)  # the whole loop stops here: a late wake-up for everyone
+        self.blocked_ns.append(time.perf_counter_ns())
+
+    def __enter__(self) -> LateLoopEndpoint:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self._thread.join(5)
+
+
+@pytest.mark.skipif(kernel_stamps_supported() is not None, reason="needs kernel receive stamps")
+@pytest.mark.parametrize(("answer_after_s", "kept"), [(0.01, True), (0.3, False)])
+async def test_the_timeout_is_judged_by_when_the_answer_arrived(
+    answer_after_s: float, kept: bool
+) -> None:
+    """Our loop stops (a blocking callback) from just after the request to 0.3 s past the
+    200 ms deadline. An answer that arrived 10 ms into the stop is kept though our loop read it
+    late; one that arrived 300 ms into it, after the deadline, is a timeout."""
+    timeout = 0.2
+    with LateLoopEndpoint(asyncio.get_running_loop(), answer_after_s, block_s=0.5) as endpoint:
+        scraper = Scraper(Target(endpoint.url, name="m"), interval=timeout, parser="thread")
+        await scraper.start()
+        try:
+            while not len(scraper.series.scrapes("m")["ok"]):
+                await asyncio.sleep(0.01)
+        finally:
+            await scraper.stop(final_scrape=False)
+    first = {k: v[0] for k, v in scraper.series.scrapes("m").items()}
+    blocked, woke = endpoint.blocked_ns
+    deadline = int(first["send_ns"]) + round(timeout * 1e9)
+    wrote = endpoint.wrote_ns[0]
+    # the ground truth: the loop was stopped before the answer came and woke after the
+    # deadline, and the answer was written on the side of the deadline the case says
+    assert first["send_ns"] < blocked < wrote < woke
+    assert woke > deadline
+    assert (wrote < deadline) == kept, (wrote - deadline) / 1e6
+    if kept:
+        assert first["ok"]
+        assert scraper.series.gauge("queue_depth").values[0] == 7.0
+        assert not scraper.series.gaps
+    else:
+        assert not first["ok"]
+        assert [g.reason for g in scraper.series.gaps][:1] == ["timeout after 0.2 s"]
 
 
 def test_scraper_arguments_are_checked() -> None:

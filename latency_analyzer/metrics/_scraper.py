@@ -16,6 +16,13 @@ and the text is parsed in a worker *process*: vLLM's 50 kB exposition costs ~11 
 Python, which in a thread would still hold the GIL against the load's event loop (measured: loop
 lag P99 2–5 ms → 9–19 ms scraping four endpoints every 100 ms). The loop only stamps, reads the
 bytes and stores the samples that come back, in scrape order.
+
+The timeout is about the endpoint, not about us: an answer is in time when its bytes arrived
+before the deadline, by the kernel's receive stamp of the reads that brought them (the
+sockets are :mod:`latency_analyzer.capture`'s stamped ones). A loop that wakes late, with the
+answer already waiting and the deadline passed, reads it and keeps it; a read whose bytes
+arrived after the deadline ends the scrape as a timeout. Where the kernel gives no stamp, the
+read's own instant stands in.
 """
 
 from __future__ import annotations
@@ -23,8 +30,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import socket
 import time
 from collections.abc import Coroutine, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from ssl import SSLContext
 from types import TracebackType
@@ -32,8 +41,12 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import aiohttp
+from aiohttp import ClientRequest, ClientTimeout
+from aiohttp.connector import Connection
+from aiohttp.tracing import Trace
 
 from .._redact import redact_text, redact_url, remember_request
+from ..capture._wire import StampedSocket, WireStamps, wire_of
 from ..errors import UsageError
 from ._parse import ACCEPT, MetricsParseError, ParsedSample
 from ._series import MetricSeries
@@ -44,10 +57,58 @@ __all__ = ["MIN_INTERVAL_S", "Scraper", "Target"]
 MIN_INTERVAL_S = 0.1
 _MAX_BYTES = 16 * 1024 * 1024
 _MAX_PENDING = 4  # parses queued per target before a scrape is dropped (as a gap)
+_IDLE_TURNS = 2  # loop turns past the deadline a scrape may take without reading anything
 
 
 class _Failed(Exception):
     """A scrape that got an answer, but not a usable one (its message is the gap's reason)."""
+
+
+class _Attempt:
+    """One scrape's deadline and the stamps of the connection it travels on."""
+
+    __slots__ = ("deadline_ns", "steps", "wire")
+
+    def __init__(self, deadline_ns: int) -> None:
+        self.deadline_ns = deadline_ns
+        self.wire: WireStamps | None = None
+        self.steps = 0  # headers and body chunks handed to the scrape so far
+
+    def step(self) -> None:
+        """The scrape got more of the answer; past the deadline, only bytes that arrived
+        before it count (the socket's last read is the one that brought them)."""
+        self.steps += 1
+        now = time.perf_counter_ns()
+        if now <= self.deadline_ns:
+            return
+        wire = self.wire
+        if wire is None or not wire.read_user_ns or wire.read_kernel_ns > self.deadline_ns:
+            raise TimeoutError  # arrived late, or nothing says when it arrived
+
+
+_ATTEMPT: ContextVar[_Attempt | None] = ContextVar("scrape_attempt", default=None)
+
+
+def _stamped_socket(addr_info: tuple[Any, ...]) -> socket.socket:
+    family, type_, proto = addr_info[:3]
+    return StampedSocket(family, type_, proto)
+
+
+class _Connector(aiohttp.TCPConnector):
+    """Connections whose reads carry the kernel's receive stamp, known to the scrape that
+    takes one (new or pooled)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(socket_factory=_stamped_socket, **kwargs)
+
+    async def connect(
+        self, req: ClientRequest, traces: list[Trace], timeout: ClientTimeout
+    ) -> Connection:
+        conn = await super().connect(req, traces, timeout)
+        attempt = _ATTEMPT.get()
+        if attempt is not None:
+            attempt.wire = wire_of(conn.transport)
+        return conn
 
 
 @dataclass(frozen=True)
@@ -136,10 +197,9 @@ class Scraper:
             raise UsageError("the scraper is already running")
         self._pool = ProcessParser() if self._parser == "process" else ThreadParser()
         await self._pool.start()
-        connector = aiohttp.TCPConnector(limit=0, ssl=self._ssl)
-        self._session = aiohttp.ClientSession(
-            connector=connector, timeout=aiohttp.ClientTimeout(total=self.timeout)
-        )
+        connector = _Connector(limit=0, ssl=self._ssl)
+        # no timeout of aiohttp's own: it would cancel at our loop's wake-up (_in_time judges)
+        self._session = aiohttp.ClientSession(connector=connector, timeout=ClientTimeout())
         self._tasks = [asyncio.create_task(self._loop(t)) for t in self.targets]
 
     async def stop(self, *, final_scrape: bool = True) -> None:
@@ -206,7 +266,7 @@ class Scraper:
         name = target.label
         send = time.perf_counter_ns()
         try:
-            body, ctype = await self._fetch(target)
+            body, ctype = await self._in_time(target, send + round(self.timeout * 1e9))
         except _Failed as exc:
             self.series.add_gap(name, send, time.perf_counter_ns(), redact_text(str(exc)))
             return
@@ -242,14 +302,47 @@ class Scraper:
             return
         self.series.add_scrape(name, send, done, samples)
 
-    async def _fetch(self, target: Target) -> tuple[str, str | None]:
+    async def _in_time(self, target: Target, deadline_ns: int) -> tuple[str, str | None]:
+        """The answer, if it arrived before ``deadline_ns``; else TimeoutError.
+
+        Our timer may fire late, in the same loop turn that read an answer which arrived in
+        time: then the fetch goes on, turn by turn, for as long as each turn hands it bytes
+        that arrived in time (:meth:`_Attempt.step` ends it at the first that did not), and
+        stops after ``_IDLE_TURNS`` turns that hand it nothing.
+        """
+        attempt = _Attempt(deadline_ns)
+        fetch = asyncio.ensure_future(self._fetch(target, attempt))
+        late = False
+        try:
+            left = max(0, deadline_ns - time.perf_counter_ns()) / 1e9
+            await asyncio.wait({fetch}, timeout=left)
+            idle = 0
+            while not fetch.done() and idle < _IDLE_TURNS:
+                seen = attempt.steps
+                await asyncio.sleep(0)
+                idle = 0 if attempt.steps != seen else idle + 1
+        finally:
+            late = not fetch.done()
+            if late:
+                fetch.cancel()
+            await asyncio.wait({fetch})  # the cancelled fetch lets its connection go
+            if not fetch.cancelled():
+                fetch.exception()  # retrieved: raised below, or moot when we are cancelled
+        if late:
+            raise TimeoutError
+        return fetch.result()
+
+    async def _fetch(self, target: Target, attempt: _Attempt) -> tuple[str, str | None]:
         assert self._session is not None
+        _ATTEMPT.set(attempt)  # this task's own context: the connector finds it there
         headers = {"Accept": ACCEPT, **target.headers}
         async with self._session.get(target.url, headers=headers) as resp:
+            attempt.step()
             if resp.status != 200:
                 raise _Failed(f"http {resp.status}")
             body = bytearray()
             async for chunk in resp.content.iter_chunked(65536):
+                attempt.step()
                 body += chunk
                 if len(body) > _MAX_BYTES:
                     raise _Failed(f"exposition larger than {_MAX_BYTES} bytes")

@@ -14,6 +14,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+import numpy as np
+
 from ...timeline import Waterfall, exclusive_ns
 from .._set import WaterfallSet
 from ._findings import Finding, Thresholds, _ms
@@ -35,6 +37,9 @@ class _Req:
     session_reused: bool | None = None
     chunk_gaps: tuple[float, ...] = ()
     span_ns: tuple[int, int] = (0, 0)  # (start, end) in epoch ns, to count overlap
+    # (start, end) of pool_wait in epoch ns: from the end of ``end`` on, the request held its
+    # connection (or stream slot); a request that did not wait has start == end
+    pool_ns: tuple[int, int] = (0, 0)
     detailed: bool = False  # built from a Waterfall (TLS, ALPN, gaps and origin known)
     tcp: _Tcp | None = None  # the kernel's TCP_INFO of the request's connection
     pre_token: Mapping[str, float] | None = None  # stage seconds before the first token
@@ -96,6 +101,18 @@ def _epoch(wf: Waterfall) -> int:
     return wf.start_ns if wf.start_epoch_ns is None else wf.start_epoch_ns
 
 
+def _pool_ns(wf: Waterfall) -> tuple[int, int]:
+    """The pool wait in epoch ns; without one, the instant the request set off (after any
+    schedule lag), which is when it took its connection."""
+    shift = _epoch(wf) - wf.start_ns
+    span = wf.stage("pool_wait")
+    if span is not None:
+        return span.start_ns + shift, span.end_ns + shift
+    lag = wf.stage("schedule_lag")
+    began = wf.start_ns if lag is None else lag.end_ns
+    return began + shift, began + shift
+
+
 def _pre_token(wf: Waterfall) -> dict[str, float] | None:
     """The attribution of the time from the start to the first token."""
     first = wf.first_token_ns
@@ -120,6 +137,7 @@ def _from_waterfall(wf: Waterfall) -> _Req:
         session_reused=None if wf.tls is None else wf.tls.session_reused,
         chunk_gaps=wf.chunk_gaps,
         span_ns=(_epoch(wf), _epoch(wf) + wf.e2e_ns),
+        pool_ns=_pool_ns(wf),
         detailed=True,
         tcp=_tcp(wf),
         pre_token=_pre_token(wf),
@@ -135,6 +153,12 @@ def _from_set(ws: WaterfallSet) -> list[_Req]:
         ws.column(c) / 1e9 for c in ("e2e_ns", "ttft_ns", "tpot_ns", "ttfc_ns")
     )
     epoch, e2e_ns = ws.column("epoch_ns"), ws.column("e2e_ns")
+    # columns keep durations, not instants: the pool wait follows the schedule lag, in the
+    # stage order every request has
+    lag_ns, pool_ns = (
+        ws.column(f"stage:{s}") if s in names else np.zeros(len(e2e_ns), np.int64)
+        for s in ("schedule_lag", "pool_wait")
+    )
     reused, versions = ws.column("reused"), ws.labels("http_version")
     out = []
     for i in map(int, keep.nonzero()[0]):
@@ -150,6 +174,10 @@ def _from_set(ws: WaterfallSet) -> list[_Req]:
                 reused=bool(reused[i]),
                 http_version=versions[i],
                 span_ns=(int(epoch[i]), int(epoch[i] + e2e_ns[i])),
+                pool_ns=(
+                    int(epoch[i] + lag_ns[i]),
+                    int(epoch[i] + lag_ns[i] + pool_ns[i]),
+                ),
                 ttfc=None if ttfc[i] != ttfc[i] else float(ttfc[i]),
             )
         )

@@ -28,7 +28,8 @@ class Thresholds:
             stream) or e2e, less the client's own ``other`` time in it.
         new_connection_fraction: in a set, new connections on more than this share of requests
             (not counting the first per origin) means no keep-alive or a pool too small.
-        pool_wait_share: pool_wait above this share of e2e.
+        pool_wait_share: pool_wait above this share of e2e (in a set, the pool_wait spent
+            while the pool was full: as many connections in use as the set ever held).
         schedule_lag_share: schedule_lag above this share of e2e.
         queue_share: server_queue above this share of TTFT.
         prefill_share, prefill_slow_s: prefill above this share of TTFT *and* this long.

@@ -175,17 +175,78 @@ def _http1(c: _Context) -> Finding | None:
     )
 
 
-_pool_wait = _share_rule(
-    "pool_wait",
-    "pool_wait",
-    "e2e",
-    lambda t: t.pool_wait_share,
-    (
-        "requests queue for a connection",
-        "the connection pool is smaller than the number of requests in flight",
-        "raise the pool limit (Client(limit=...)) to the concurrency, or use HTTP/2",
-    ),
+_POOL_TEXT = (
+    "requests queue for a connection",
+    "the connection pool is smaller than the number of requests in flight",
+    "raise the pool limit (Client(limit=...)) to the concurrency, or use HTTP/2",
 )
+_pool_wait_share = _share_rule("pool_wait", "pool_wait", "e2e", lambda t: t.pool_wait_share,
+                               _POOL_TEXT)  # fmt: skip
+
+
+def _full_pool(reqs: Sequence[_Req]) -> tuple[int, list[tuple[int, int]]]:
+    """The most connections the requests held at once, and the intervals they held that many.
+
+    A request holds its connection (an HTTP/2 stream slot) from the end of its pool wait to
+    its end. A pool whose limit the requests reached holds that many while others wait, so
+    the set shows the limit as its peak. A pool with connections to spare reaches its peak
+    only when every request in flight holds one, and then none of them is waiting.
+    """
+    edges = sorted([(r.pool_ns[1], 1) for r in reqs] + [(r.span_ns[1], -1) for r in reqs])
+    peak = now = 0
+    for _, step in edges:  # at equal instants an end (-1) sorts before a start (+1)
+        now += step
+        peak = max(peak, now)
+    full: list[tuple[int, int]] = []
+    now = began = 0
+    for t, step in edges:
+        if step < 0 and now == peak:
+            full.append((began, t))
+        now += step
+        if step > 0 and now == peak:
+            began = t
+    return peak, [(a, b) for a, b in full if b > a]
+
+
+def _overlap_ns(a: int, b: int, intervals: Sequence[tuple[int, int]]) -> int:
+    return sum(max(0, min(b, hi) - max(a, lo)) for lo, hi in intervals)
+
+
+def _pool_wait(c: _Context) -> Finding | None:
+    """Requests that queued for a connection: one request, by its pool_wait's share of e2e;
+    a set, by the pool_wait spent while the pool was full.
+
+    A request waits for a pooled connection only while other requests hold them all. The
+    stage alone also grows when our event loop wakes late (a busy host), with no other
+    request in flight, so in a set only the waiting that coincides with the most connections
+    the requests ever held at once counts: sequential requests never queued, however long
+    their pool_wait, and requests beside a pool they never filled did not either.
+    """
+    if c.single:  # no other request to see: the stage's share is all the evidence there is
+        return _pool_wait_share(c)
+    peak, full = _full_pool(c.reqs)
+    queued = [_overlap_ns(*r.pool_ns, full) / 1e9 for r in c.reqs]
+    part = statistics.fmean(queued)
+    share = _share(part, c.e2e)
+    if share <= c.th.pool_wait_share or part < c.th.min_time_s:
+        return None
+    waited = sum(q > 0 for q in queued)
+    title, cause, remedy = _POOL_TEXT
+    evidence = (
+        f"pool_wait {_ms(part)} is {share:.0%} of e2e {_ms(c.e2e)}{c.per()}, spent while "
+        f"{peak} connection{'s were' if peak != 1 else ' was'} in use, the most these "
+        f"requests held at once; {waited} of {c.n} requests queued"
+    )
+    data = {
+        "share": share,
+        "pool_wait_s": c.stage("pool_wait"),
+        "queued_requests": waited,
+        "connections_in_use": peak,
+    }
+    return Finding("pool_wait", title, evidence, cause, remedy, part, waited, data,
+                   stages=("pool_wait",))  # fmt: skip
+
+
 _schedule_lag = _share_rule(
     "schedule_lag",
     "schedule_lag",
