@@ -87,6 +87,7 @@ class TimedProtocol(ResponseHandler):
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__(loop)
         self.connection_id = next(_connection_ids)
+        self.peer: str | None = None  # the server's address as waterfalls name it, once known
         self.requests_served = 0
         self.made_ns: int | None = None
         self.made_user_ns: int | None = None

@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 
 from ..errors import UsageError
-from ..timeline import ConnectionInfo
+from ..timeline._info import connection_info
 from ._build import _h2_request_parts, _h2_target, _http_version, _json_body, _left, _origin
 from ._consume import ResponseConsumer, note_server_headers
 from ._hold import SendSchedule
@@ -179,11 +179,8 @@ class ClientTransport:
             await asyncio.wait_for(state.hold.wait(), _left(deadline))
         rec = state.recorder
         rec.http_version, rec.tls = "2", conn.tls
-        rec.connection = ConnectionInfo(
-            reused=opened is None,
-            connection_id=conn.connection_id,
-            peer=conn.peer,
-            requests_before=conn.requests_served,
+        rec.connection = connection_info(
+            opened is None, conn.connection_id, conn.peer, conn.requests_served
         )
         if opened is not None:
             try:
@@ -217,7 +214,7 @@ class ClientTransport:
         headers: Mapping[str, str] | None,
         deadline: int,
     ) -> None:
-        session = self._open()
+        session = self._session or self._open()  # request() checked the client is usable
         # aiohttp's own timeout (no extra task per request), for the time left, exact
         # (above ceil_threshold aiohttp rounds a timeout up to the next whole second)
         timer = aiohttp.ClientTimeout(total=_left(deadline), ceil_threshold=1e9)

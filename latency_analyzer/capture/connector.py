@@ -44,7 +44,8 @@ from aiohttp.connector import Connection
 from aiohttp.helpers import is_ip_address
 from aiohttp.tracing import Trace
 
-from ..timeline import ConnectionInfo, TlsInfo
+from ..timeline import TlsInfo
+from ..timeline._info import connection_info
 from ._dial import _pending_handshake_end, _seen, _socket_factory
 from ._handover import _hand_over_at_once, _maybe_hand_over, _peer, _tls_info
 from ._protocol import TimedProtocol
@@ -87,11 +88,13 @@ class TimedConnector(TCPConnector):
         if state.recorder.is_open("pool_wait"):  # reused: no new connection was opened
             state.end("pool_wait", now_ns())
         proto = cast(TimedProtocol, conn.protocol)
-        state.recorder.connection = ConnectionInfo(
-            reused=not state.recorder.has("connect"),
-            connection_id=proto.connection_id,
-            peer=_peer(proto),
-            requests_before=proto.requests_served,
+        if proto.peer is None:  # once per connection, not per request
+            proto.peer = _peer(proto)
+        state.recorder.connection = connection_info(
+            not state.recorder.has("connect"),
+            proto.connection_id,
+            proto.peer,
+            proto.requests_served,
         )
         if proto.tls is not None:
             state.recorder.tls = proto.tls  # reused connections report the TLS they travel on
