@@ -25,6 +25,9 @@ _COLON = 0x3A
 _LF = 0x0A
 _CR = 0x0D
 _SPACE = 0x20
+#: Below this many bytes a chunk rarely holds whole events between two cut ones (a streamed
+#: chunk is ~150-250 bytes), and looking for them costs more than the general parse saves.
+_BURST_MIN = 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +60,7 @@ def _is_single_data_event(data: bytes) -> bool:
     )
 
 
-def _whole_data_events(data: bytes) -> list[bytes] | None:
+def _whole_data_events(data: bytes) -> list[bytes | str] | None:
     """The data of each event when ``data`` is nothing but whole ``data:`` + one line + blank
     line events with LF endings (a read of one or more streamed tokens), else None.
 
@@ -70,7 +73,7 @@ def _whole_data_events(data: bytes) -> list[bytes] | None:
     parts = data.split(b"\n\n")
     if parts.pop():  # not the empty remainder after the last blank line: LFs in a row
         return None
-    values = []
+    values: list[bytes | str] = []
     for part in parts:  # each one line (so no blank line in a row either) of a data field
         if part[:5] != b"data:" or _LF in part:
             return None
@@ -136,10 +139,10 @@ class SSEParser:
             return [value.decode("utf-8", "replace")]
         return [fields[0] for fields in self.feed_fields(data)]
 
-    def feed_raw(self, data: bytes) -> list[bytes] | list[str]:
-        """Like :meth:`feed_data`, leaving the decoding to the reader when it can: a chunk of
-        whole ``data:`` events, the usual read of a stream, gives each event's data as the
-        bytes received (UTF-8, not checked), anything else gives decoded strings."""
+    def feed_raw(self, data: bytes) -> list[bytes | str]:
+        """Like :meth:`feed_data`, leaving the decoding to the reader when it can: the data of
+        a whole ``data:`` event that arrived in one chunk, the usual read of a stream, is the
+        bytes received (UTF-8, not checked); any other event's is a decoded string."""
         if self._closed:
             raise RuntimeError("SSEParser.feed() called after close()")
         if self._bom_checked and not (self._tail or self._in_event or self._skip_lf):
@@ -152,6 +155,23 @@ class SSEParser:
                 return [data[6:-2] if data[5] == _SPACE else data[5:-2]]
             values = _whole_data_events(data)
             if values is not None:
+                return values
+        if len(data) >= _BURST_MIN and _CR not in data:
+            # Whole events between the end of one cut at the start and the start of one cut at
+            # the end, as a read in a burst brings them: the general parse for the two cut
+            # ones only (the state machine gives the same events however a chunk is split).
+            first = data.find(b"\n\n") + 2
+            last = data.rfind(b"\n\n") + 2
+            if 1 < first < last:
+                values = [fields[0] for fields in self.feed_fields(data[:first])]
+                whole = None
+                if not (self._tail or self._in_event or self._skip_lf):
+                    whole = _whole_data_events(data[first:last])
+                if whole is None:
+                    values += [fields[0] for fields in self.feed_fields(data[first:last])]
+                else:
+                    values += whole
+                values += [fields[0] for fields in self.feed_fields(data[last:])]
                 return values
         return [fields[0] for fields in self.feed_fields(data)]
 
