@@ -8,9 +8,10 @@ process and writes each token at a known time.
 Tolerances: within 0.1 ms at the median and 0.5 ms at the worst on a quiet host (one whose
 hypervisor took no CPU time from it during the capture, else 0.5 ms at P95: see ``_Steal``);
 0.2 ms at the median with two CPU-burning processes beside the test; token stamps within
-1 ms at P99 for 100 concurrent streams in one process. They bound what the kernel stamped against what
-the capture saw; an instant of ours (the one just before ``connect``, or which later
-segments a late read took with a boundary's own) is held to the order of events instead.
+1 ms at P99 for 100 concurrent streams in one process. They bound what the kernel stamped
+against what the capture saw; an instant of ours (the one just before ``connect``, or which
+later segments a late read took with a boundary's own) is held to the order of events
+instead.
 """
 
 from __future__ import annotations
