@@ -8,8 +8,9 @@ counts of ``usage`` (integers only, whatever the JSON library made of them), lla
 from __future__ import annotations
 
 import json
-from typing import Any, cast
+from typing import Any
 
+from ..timeline._unfrozen import unfrozen
 from ._openai_events import (
     TIMINGS_FIELDS,
     ChunkReceived,
@@ -41,20 +42,8 @@ def _append_error(obj: dict[str, Any], time_ns: int, events: list[Event]) -> boo
     return True
 
 
-class _ChunkSlots:
-    """``ChunkReceived``'s slot layout without its frozen ``__setattr__``: a chunk is filled in
-    here with plain slot stores, then becomes a ``ChunkReceived`` by taking that class (the
-    layouts match, so CPython allows it). One is built per streamed token; the frozen
-    dataclass's ``__init__`` goes through ``object.__setattr__`` once per field, and even the
-    slot descriptors' ``__set__`` costs a call each."""
-
-    __slots__ = ChunkReceived.__slots__
-    time_ns: int
-    content: str
-    reasoning: str
-    finish_reason: str | None
-    completion_tokens: int | None
-    empty_token: bool
+#: One is built per streamed token: filled in with plain slot stores (see ``timeline._unfrozen``)
+_OpenChunk = unfrozen(ChunkReceived)
 
 
 def _chunk_received(
@@ -66,15 +55,16 @@ def _chunk_received(
     empty: bool,
 ) -> ChunkReceived:
     """``ChunkReceived(time_ns, content, reasoning, finish, completion, empty)``, cheaply."""
-    chunk = _ChunkSlots()
+    chunk = object.__new__(_OpenChunk)
     chunk.time_ns = time_ns
     chunk.content = content
     chunk.reasoning = reasoning
     chunk.finish_reason = finish
     chunk.completion_tokens = completion
     chunk.empty_token = empty
-    chunk.__class__ = ChunkReceived  # type: ignore[assignment]
-    return cast(ChunkReceived, chunk)
+    chunk.__class__ = ChunkReceived
+    built: ChunkReceived = chunk
+    return built
 
 
 def _append_chunk(obj: dict[str, Any], time_ns: int, events: list[Event]) -> None:
@@ -97,15 +87,15 @@ def _append_chunk(obj: dict[str, Any], time_ns: int, events: list[Event]) -> Non
             value = delta.get("reasoning_content") or delta.get("reasoning")
             reasoning = value if type(value) is str else ""
         reason = choice.get("finish_reason")
-        chunk = _ChunkSlots()  # _chunk_received(), inlined
+        chunk = object.__new__(_OpenChunk)  # _chunk_received(), inlined
         chunk.time_ns = time_ns
         chunk.content = content
         chunk.reasoning = reasoning
         chunk.finish_reason = reason if type(reason) is str else None
         chunk.completion_tokens = None
         chunk.empty_token = False  # it has text
-        chunk.__class__ = ChunkReceived  # type: ignore[assignment]
-        events.append(chunk)  # type: ignore[arg-type]  # it is a ChunkReceived now
+        chunk.__class__ = ChunkReceived
+        events.append(chunk)  # a ChunkReceived now
         timings = obj.get("timings")
         if timings is not None and type(timings) is dict:
             _append_timings(timings, time_ns, events)
