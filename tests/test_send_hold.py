@@ -27,6 +27,7 @@ from latency_analyzer.timeline import process_anchor
 
 LLM_KNOBS = {"header_delay": 0.002}
 N = 20
+ANCHOR_NS = 20_000  # how far apart the anchor may map two instants of different clocks
 CHAT = "/v1/chat/completions"
 
 
@@ -71,11 +72,14 @@ async def test_requests_due_together_leave_at_their_instant(llm: SubprocessLLMSe
         out = flow.data("out")
         second = out.index(b"GET ", 1)  # each connection carried the warm-up, then the held one
         left.append(_perf(flow.time_of_byte("out", second)))
-    assert min(left) >= due, (min(left) - due) / 1e3
+    # the capture's stamps are CLOCK_REALTIME, mapped through the process anchor: the order
+    # of two instants microseconds apart is held to the mapping's precision (as in
+    # test_wire_capture), nothing looser
+    assert min(left) >= due - ANCHOR_NS, (min(left) - due) / 1e3
     # each segment follows its own send stamp, so the k-th earliest follows the k-th earliest
     sends = sorted(wf.stage("send").start_ns for wf in wfs)  # type: ignore[union-attr]
     for send, wire in zip(sends, sorted(left), strict=True):
-        assert due <= send <= wire, (send - due, wire - send)
+        assert due <= send <= wire + ANCHOR_NS, (send - due, wire - send)
 
 
 async def test_a_request_that_needs_a_connection_dials_at_its_instant(

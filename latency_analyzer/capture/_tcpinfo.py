@@ -124,18 +124,7 @@ def read_tcp_info(sock: Any) -> TcpInfo | None:
 
 
 def tcp_info_of(transport: Any) -> TcpInfo | None:
-    """One reading from the socket under an asyncio transport (TLS or plain), or None.
-
-    What :func:`read_tcp_info` does, in one call: a reading is taken at each request's end.
-    """
-    if transport is None or not _LINUX:
+    """One reading from the socket under an asyncio transport (TLS or plain), or None."""
+    if transport is None:
         return None
-    sock = transport.get_extra_info("socket")
-    if sock is None:
-        return None
-    try:
-        raw = sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, _LENGTH)
-    except (OSError, ValueError):  # closed, or not a TCP socket
-        return None
-    at_ns = now_ns()
-    return _whole(raw, at_ns) if len(raw) >= _WHOLE.size else decode_tcp_info(raw, at_ns)
+    return read_tcp_info(transport.get_extra_info("socket"))

@@ -55,7 +55,7 @@ _getrandbits = random.getrandbits  # the module's shared generator: random.seed(
 
 def _new_span_id() -> int:
     # Span ids need uniqueness, not secrecy (the OpenTelemetry SDK draws them the same way).
-    while not (span_id := random.getrandbits(64)):
+    while not (span_id := _getrandbits(64)):
         pass
     return span_id
 
@@ -92,10 +92,7 @@ def inject(headers: MutableMapping[str, str]) -> TraceContext:
         # a new sampled trace: the header is written here, as the propagator would write it
         # (``00-<trace>-<span>-01``, no ``tracestate``), without building a context for it
         trace_hex = f"{_getrandbits(128) or 1:032x}"
-        span_id = _getrandbits(64)
-        while not span_id:  # as _new_span_id draws it
-            span_id = _getrandbits(64)
-        span_hex = f"{span_id:016x}"
+        span_hex = f"{_new_span_id():016x}"
         headers["traceparent"] = f"00-{trace_hex}-{span_hex}-01"
         # built in its slots: the frozen field-by-field __init__ costs more than the rest
         ctx = _new(_OpenTraceContext)
