@@ -9,8 +9,11 @@ by the test.
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import struct
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +28,8 @@ from latency_analyzer.capture._state import RequestState
 from latency_analyzer.errors import UsageError
 from latency_analyzer.report.waterfall_text import render_waterfall
 from latency_analyzer.testing import LLMServer
-from latency_analyzer.testing.pcap import PacketCapture, read_pcap
+from latency_analyzer.testing.pcap import PacketCapture, read_pcap, require_tcpdump
+from latency_analyzer.testing.tcpdump import TcpDump
 from latency_analyzer.timeline import Recorder
 
 
@@ -206,3 +210,50 @@ def test_a_stage_context_owns_its_stage_and_emits_started_complete_failed() -> N
     assert wf.stages["tls"].attributes["interrupted"] is True
     with pytest.raises(UsageError), state.stage("handshake"):
         pass
+
+
+def _resume_later(pid: int, after_s: float) -> threading.Thread:
+    def resume() -> None:
+        time.sleep(after_s)
+        os.kill(pid, signal.SIGCONT)
+
+    thread = threading.Thread(target=resume)
+    thread.start()
+    return thread
+
+
+def test_a_capture_stopped_while_tcpdump_is_behind_keeps_every_packet() -> None:
+    """tcpdump stopped (SIGSTOP) while datagrams and a TCP exchange cross lo, resumed 0.3 s
+    into the stop: both captures hold every packet, as a busy host's late tcpdump must, and
+    neither shows its end mark."""
+    require_tcpdump()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sink:
+        sink.bind(("127.0.0.1", 0))
+        port = sink.getsockname()[1]
+        capture = TcpDump(f"udp port {port}")
+        with capture:
+            assert capture._proc is not None
+            os.kill(capture._proc.pid, signal.SIGSTOP)
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as out:
+                for i in range(50):
+                    out.sendto(b"%d" % i, ("127.0.0.1", port))
+            thread = _resume_later(capture._proc.pid, 0.3)
+        thread.join()
+    assert [p.payload for p in capture.packets()] == [b"%d" % i for i in range(50)]
+
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        with PacketCapture(port) as cap:
+            assert cap._proc is not None
+            os.kill(cap._proc.pid, signal.SIGSTOP)
+            with socket.create_connection(("127.0.0.1", port)) as client:
+                peer, _ = listener.accept()
+                with peer:
+                    for _ in range(20):
+                        client.sendall(b"x" * 100)
+                        peer.recv(100)
+            thread = _resume_later(cap._proc.pid, 0.3)
+        thread.join()
+    (flow,) = cap.flows()
+    assert flow.data("out") == b"x" * 2000
+    assert all(p.dst[1] == port or p.src[1] == port for p in cap.packets)

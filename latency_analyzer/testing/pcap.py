@@ -37,6 +37,8 @@ from bisect import bisect_right
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .tcpdump import EndMark
+
 __all__ = ["Flow", "Packet", "PacketCapture", "read_pcap", "require_tcpdump", "tcpdump_missing"]
 
 _SYN, _ACK, _FIN, _RST = 0x02, 0x10, 0x01, 0x04
@@ -237,7 +239,8 @@ class PacketCapture:
     Args:
         port: the server's port (the filter is ``tcp port PORT``).
         interface: ``lo`` unless you capture elsewhere.
-        settle_s: how long to wait after the block for the last packets to be written.
+        settle_s: on an interface other than ``lo``, how long to wait after the block for the
+            last packets to be written (on ``lo`` the capture waits for its own end mark).
         snaplen: bytes kept of each packet. The capture ring holds buffer / snaplen packets
             (a 256 KiB snap length on lo's 64 KiB MTU leaves room for few), so keep it to
             what the test reads.
@@ -255,6 +258,7 @@ class PacketCapture:
         """Packets the kernel dropped before tcpdump read them (tcpdump's own count)."""
         self._dir: tempfile.TemporaryDirectory[str] | None = None
         self._proc: subprocess.Popen[bytes] | None = None
+        self._mark = EndMark(interface, settle_s)
 
     def __enter__(self) -> PacketCapture:
         reason = tcpdump_missing()
@@ -267,14 +271,15 @@ class PacketCapture:
         args += ["-Z", "root", "--time-stamp-precision=nano", "-w", str(path)]
         if "adapter_unsynced" in _stamp_types(self.interface):
             args += ["-j", "adapter_unsynced"]
-        args += ["tcp", "port", str(self.port)]
+        args.append(self._mark.bpf(f"tcp port {self.port}"))
         self._proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         self._wait_listening()
         return self
 
     def __exit__(self, *exc: object) -> None:
         try:
-            time.sleep(self.settle_s)
+            if self._dir is not None:
+                self._mark.wait(Path(self._dir.name) / "capture.pcap")
             self._stop()
             if self._dir is not None and exc[0] is None:
                 self.packets = read_pcap(Path(self._dir.name) / "capture.pcap")
@@ -297,6 +302,7 @@ class PacketCapture:
         raise RuntimeError(f"tcpdump did not start: {line.decode(errors='replace').strip()}")
 
     def _stop(self) -> None:
+        self._mark.close()
         proc, self._proc = self._proc, None
         if proc is None:
             return

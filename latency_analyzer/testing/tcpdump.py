@@ -19,8 +19,10 @@ Capturing needs root (or ``CAP_NET_RAW``) and the ``tcpdump`` binary.
 from __future__ import annotations
 
 import ipaddress
+import os
 import shutil
 import signal
+import socket
 import struct
 import subprocess
 import tempfile
@@ -31,7 +33,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
-__all__ = ["Packet", "TcpDump", "read_pcap"]
+__all__ = ["EndMark", "Packet", "TcpDump", "read_pcap"]
 
 _NS_MAGIC, _US_MAGIC = 0xA1B23C4D, 0xA1B2C3D4
 _LINK_ETHERNET, _LINK_RAW, _LINK_SLL, _LINK_SLL2 = 1, 101, 113, 276
@@ -131,6 +133,67 @@ def _transport(epoch_ns: int, proto: int, src: str, dst: str, body: bytes) -> Pa
     return None
 
 
+class EndMark:
+    """The end of a loopback capture, as tcpdump sees it: a datagram we send ourselves.
+
+    tcpdump reads the kernel's capture ring when it is scheduled, which on a busy host can be
+    long after the last packet of interest crossed the interface; stopping it after a fixed
+    pause loses what it had not read yet. The ring is in order, so once the mark is in the
+    file every packet before it is too. The mark goes to a UDP port of our own on 127.0.0.1,
+    added to the capture filter with :meth:`bpf`; readers leave it out (:meth:`is_mark`).
+    Other interfaces do not see loopback datagrams: there, :meth:`wait` pauses ``settle_s``.
+    """
+
+    def __init__(self, interface: str, settle_s: float = 0.05) -> None:
+        self.interface = interface
+        self.settle_s = settle_s
+        self._sock: socket.socket | None = None
+        self.port = 0
+        self._token = b"la-capture-end-" + os.urandom(16).hex().encode()
+
+    def bpf(self, bpf: str) -> str:
+        """``bpf`` widened to take the mark in too (on ``lo``: the mark's port is taken now,
+        until :meth:`close`)."""
+        if self.interface != "lo":
+            return bpf
+        if self._sock is None:
+            self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            self._sock.bind(("127.0.0.1", 0))
+            self.port = self._sock.getsockname()[1]
+        if not bpf.strip():
+            return bpf
+        return f"({bpf}) or (udp and dst host 127.0.0.1 and dst port {self.port})"
+
+    def is_mark(self, dport: int, proto: str) -> bool:
+        return self.port != 0 and proto == "udp" and dport == self.port
+
+    def wait(self, path: Path, timeout_s: float = 10.0) -> None:
+        """Send the mark and return once tcpdump has written it to ``path`` (at most
+        ``timeout_s``; the packets it has not written by then are missing from the file)."""
+        if self._sock is None:
+            time.sleep(self.settle_s)
+            return
+        self._sock.sendto(self._token, ("127.0.0.1", self.port))
+        deadline, seen, tail = time.monotonic() + timeout_s, 0, b""
+        while time.monotonic() < deadline:
+            try:
+                with path.open("rb") as f:
+                    f.seek(seen)
+                    new = f.read()
+            except FileNotFoundError:
+                new = b""
+            seen += len(new)
+            if self._token in tail + new:
+                return
+            tail = (tail + new)[-len(self._token) :]
+            time.sleep(0.005)
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+
 class TcpDump:
     """tcpdump writing a nanosecond pcap of ``interface`` while the block runs.
 
@@ -150,6 +213,7 @@ class TcpDump:
             raise FileNotFoundError("tcpdump is not installed")
         self._dir = tempfile.TemporaryDirectory(prefix="la-pcap-")
         self.path = Path(self._dir.name) / "capture.pcap"
+        self._mark = EndMark(interface)
         self._argv = [
             binary,
             "-i",
@@ -160,10 +224,12 @@ class TcpDump:
             "--time-stamp-precision=nano",
             "-s",
             "262144",
+            "-B",  # KiB of capture ring: room for what crosses lo while tcpdump waits for a CPU
+            "65536",
             "-w",
             str(self.path),
-            *bpf.split(),
         ]
+        self._bpf = bpf
         self._proc: subprocess.Popen[bytes] | None = None
         self._packets: list[Packet] | None = None
 
@@ -181,7 +247,9 @@ class TcpDump:
 
     def start(self) -> None:
         """Start tcpdump and return once it is capturing."""
-        proc = subprocess.Popen(self._argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        marked = self._mark.bpf(self._bpf)
+        argv = [*self._argv, marked] if marked.strip() else self._argv
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         self._proc = proc
         assert proc.stderr is not None
         said: list[str] = []
@@ -191,14 +259,16 @@ class TcpDump:
                 return
         proc.wait()
         self._proc = None
+        self._mark.close()
         raise RuntimeError(f"tcpdump did not start: {' '.join(said).strip()}")
 
-    def stop(self, settle: float = 0.05) -> None:
-        """Let the last packets reach tcpdump's buffer, then stop it (it flushes on SIGINT)."""
+    def stop(self) -> None:
+        """Once tcpdump has written the last packets (:class:`EndMark`), stop it."""
         proc, self._proc = self._proc, None
         if proc is None:
             return
-        time.sleep(settle)
+        self._mark.wait(self.path)
+        self._mark.close()
         proc.send_signal(signal.SIGINT)
         try:
             proc.wait(timeout=5)
@@ -211,7 +281,8 @@ class TcpDump:
     def packets(self) -> list[Packet]:
         """What was captured (read once, after :meth:`stop`)."""
         if self._packets is None:
-            self._packets = read_pcap(self.path) if self.path.exists() else []
+            read = read_pcap(self.path) if self.path.exists() else []
+            self._packets = [p for p in read if not self._mark.is_mark(p.dport, p.proto)]
             self._dir.cleanup()
         return self._packets
 
