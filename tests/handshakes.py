@@ -9,7 +9,8 @@ on the ``perf_counter_ns`` clock waterfalls use (through the process's clock anc
 * ``flight_end_ns``: the last bytes the server sent before the client spoke again (in TLS 1.3,
   the flight from ServerHello to Finished: what completes the client's handshake);
 * ``second_ns``: the client's next bytes (its Finished, and what it sends right behind it);
-* ``server_bytes``: ``(stamp, payload length)`` of everything the server sent after that.
+* ``server_bytes``: ``(stamp, payload length)`` of everything the server sent after that;
+* ``client_bytes``: the same for the client, from ``second_ns`` on.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class Handshake:
     flight_end_ns: int | None = None
     second_ns: int | None = None
     server_bytes: list[tuple[int, int]] = field(default_factory=list)
+    client_bytes: list[tuple[int, int]] = field(default_factory=list)
 
 
 def handshakes(packets: list[Packet], server_port: int) -> list[Handshake]:
@@ -51,8 +53,10 @@ def handshakes(packets: list[Packet], server_port: int) -> list[Handshake]:
         if from_client:
             if hs.hello_ns is None:
                 hs.hello_ns = t
-            elif hs.flight_end_ns is not None and hs.second_ns is None:
-                hs.second_ns = t
+            elif hs.flight_end_ns is not None:
+                if hs.second_ns is None:
+                    hs.second_ns = t
+                hs.client_bytes.append((t, len(p.payload)))
         elif hs.hello_ns is not None and hs.second_ns is None:
             hs.flight_end_ns = t
         elif hs.second_ns is not None:

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import assert_exact, chat_body, tolerance
 from handshakes import during, handshakes
+from wire_bounds import LOOPBACK_NS, Steal, hold_each
 
 import latency_analyzer as la
 from latency_analyzer.testing import (
@@ -32,7 +33,6 @@ from latency_analyzer.testing.tcpdump import TcpDump
 HEADER_DELAY, PREFILL, DECODE, TOKENS = 0.020, 0.040, 0.005, 20
 N = 20
 LLM_KNOBS = {"header_delay": HEADER_DELAY, "prefill": PREFILL, "decode": DECODE, "tokens": TOKENS}
-LOOPBACK_NS = 500_000  # a packet's capture stamp to its receive stamp on lo, with room
 # _PROMPT_READS: the tests that hold stage ends to the server's writes run this process (the
 # client) at real-time priority. A client woken late reads the headers together with the role
 # chunk the server writes a millisecond after them, and a read carries its last segment's
@@ -271,47 +271,100 @@ async def _cold_tls_series(proxy_port: int, ca: TestCA, n: int) -> list[la.Water
     return out
 
 
+def _same_byte(there: list[tuple[int, int]], here: list[tuple[int, int]], after_ns: int) -> int:
+    """Where the first segment sent on one leg at or after ``after_ns`` arrived on the other:
+    the stamp of the segment here that holds its first byte (segments as ``(stamp, length)``,
+    the same byte stream on both legs)."""
+    offset = 0
+    for t, n in there:
+        if t >= after_ns:
+            break
+        offset += n
+    else:
+        raise AssertionError(("nothing sent after", after_ns, there))
+    end = 0
+    for t, n in here:
+        end += n
+        if end > offset:
+            return t
+    raise AssertionError(("byte never arrived", offset, here))
+
+
 async def test_round_trip_delay_shows_in_tls_and_wait(ca: TestCA, server_pem: Path) -> None:
     """A proxy adding 5 ms each way: TLS 1.3 (one round trip) and wait each gain 10 ms.
 
-    Truth: a capture on ``lo`` of each handshake between client and proxy (kernel stamps). The
-    tls stage ends at the kernel's arrival of the server's last handshake flight, which the
-    capture saw; it starts before our ClientHello is built, and that part (our own crypto,
-    longer on a busy host) is the client's, so what the round trip added is held on the wire:
-    from the ClientHello leaving to that flight's arrival.
+    Truth: a capture on ``lo`` of each exchange between client and proxy (kernel stamps), and
+    the server's log. The tls stage ends at the kernel's arrival of the server's last
+    handshake flight, which the capture saw; it starts before our ClientHello is built, and
+    that part (our own crypto, longer on a busy host) is the client's, so what the round trip
+    added is held on the wire: from the ClientHello leaving to that flight's arrival. wait's
+    two ends are held to their segments, and what it gained to what the proxy added on the
+    wire.
     """
     require_tcpdump()
     one_way = 0.005
     server = LLMServer(ssl=ca.server_context())
     rounds: dict[float, list[float]] = {}
     medians: dict[float, dict[str, float]] = {}
+    wire_waits: dict[float, float] = {}
     with server.run_in_subprocess(tls_pem=str(server_pem)) as llm:
         for delay in (0.0, one_way):
             with _ProxyChild(llm.port, delay) as proxy_port:
-                with TcpDump(f"tcp port {proxy_port}") as capture:
-                    wfs = await _cold_tls_series(proxy_port, ca, 7)
+                ports = f"tcp port {proxy_port} or tcp port {llm.port}"
+                with Steal() as steal, TcpDump(ports) as capture:
+                    wfs = await _cold_tls_series(proxy_port, ca, 10)
             found = handshakes(capture.packets(), proxy_port)
-            syns = found
-            rounds[delay] = []
+            relayed = handshakes(capture.packets(), llm.port)  # the proxy's own, one each
+            rounds[delay], tls_ends = [], []
             for wf in wfs:
                 hs, tls = during(found, wf.root.start_ns, wf.root.end_ns), wf.stages["tls"]
                 assert hs.hello_ns is not None and hs.flight_end_ns is not None
                 assert tls.start_ns <= hs.hello_ns  # the stage holds the whole exchange
-                # its end is the flight's arrival, as the kernel stamped it for both of us
-                assert abs(tls.end_ns - hs.flight_end_ns) <= LOOPBACK_NS
+                tls_ends.append(tls.end_ns - hs.flight_end_ns)
                 rounds[delay].append((tls.end_ns - hs.hello_ns) / 1e9)
+            # its end is the flight's arrival, as the kernel stamped it for both of us
+            hold_each(f"tls end, delay {delay}", tls_ends, LOOPBACK_NS, steal)
+            # the SYN/ACK comes from the local proxy, at once, as the wire shows: connect
+            # holds none of the delayed path (how soon a busy host returns from the connect
+            # syscall is the client's own time, which this test does not measure)
+            synacks = []
+            for h in found:
+                assert h.synack_ns is not None
+                synacks.append(h.synack_ns - h.syn_ns)
+            hold_each(f"SYN to SYN/ACK, delay {delay}", synacks, LOOPBACK_NS, steal)
             medians[delay] = {s: _median(wfs, s) for s in ("connect", "tls", "wait")}
+            # wait on the wire: from the request's last segment leaving (the last the client
+            # sent before the server read it) to the segment that ended the read of the
+            # headers, which is theirs or a later one the same read took with them. The
+            # headers' own segment is found on the proxy's leg (the first the server sent
+            # after its log says it wrote them) and followed to ours by its place in the byte
+            # stream, which the proxy relays unchanged: the session tickets the server wrote
+            # before them can reach the client after that instant
+            assert len(relayed) == len(found) == len(wfs)
+            starts, ends, wire = [], [], []
+            for wf, rec, leg in zip(wfs, llm.records[-len(wfs) :], relayed, strict=True):
+                hs, wait = during(found, wf.root.start_ns, wf.root.end_ns), wf.stages["wait"]
+                assert rec.headers_ns is not None
+                sent = max(t for t, _ in hs.client_bytes if t <= rec.received_ns)
+                came = _same_byte(leg.server_bytes, hs.server_bytes, rec.headers_ns)
+                assert wait.end_ns >= came - 20_000  # never before its bytes came (anchor)
+                later = (t for t, _ in hs.server_bytes if t >= came)
+                starts.append(wait.start_ns - sent)
+                ends.append(min((wait.end_ns - t for t in later), key=abs))
+                wire.append(came - sent)
+            for edge, errors in (("start", starts), ("end", ends)):
+                hold_each(f"wait {edge} vs the wire, delay {delay}", errors, LOOPBACK_NS, steal)
+                assert statistics.median(abs(e) for e in errors) <= 100_000, (edge, errors)
+            wire_waits[delay] = statistics.median(wire) / 1e9
     rtt = 2 * one_way
-    # the SYN/ACK comes from the local proxy, at once, as the wire shows: connect holds none
-    # of the delayed path (how soon a busy host returns from the connect syscall is the
-    # client's own time, which this test does not measure)
-    assert all(h.synack_ns is not None and h.synack_ns - h.syn_ns <= LOOPBACK_NS for h in syns)
     assert medians[one_way]["tls"] >= rtt
     # on the wire the handshake gained the round trip (the server's crypto, in its own
     # real-time process, is the jitter around it)
     gained = statistics.median(rounds[one_way]) - statistics.median(rounds[0.0])
     assert abs(gained - rtt) <= 0.0015, rounds
-    assert abs(medians[one_way]["wait"] - medians[0.0]["wait"] - rtt) <= tolerance(rtt)
+    # on the wire the exchange gained the round trip as the proxy kept it (its timers, in a
+    # real-time process of its own, are the jitter around it)
+    assert abs(wire_waits[one_way] - wire_waits[0.0] - rtt) <= 0.0015, wire_waits
 
 
 async def test_first_lookup_of_a_process_does_not_count_our_imports() -> None:

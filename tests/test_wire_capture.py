@@ -6,12 +6,12 @@ with the process anchor, as the client's kernel stamps are. The server runs in i
 process and writes each token at a known time.
 
 Tolerances: within 0.1 ms at the median and 0.5 ms at the worst on a quiet host (one whose
-hypervisor took no CPU time from it during the capture, else 0.5 ms at P95: see ``_Steal``);
-0.2 ms at the median with two CPU-burning processes beside the test; token stamps within
-1 ms at P99 for 100 concurrent streams in one process. They bound what the kernel stamped
-against what the capture saw; an instant of ours (the one just before ``connect``, or which
-later segments a late read took with a boundary's own) is held to the order of events
-instead.
+hypervisor took no CPU time from it during the capture, else 0.5 ms at P95: see
+``wire_bounds``); 0.2 ms at the median with two CPU-burning processes beside the test;
+token stamps within 1 ms at P99 for 100 concurrent streams in one process. They bound what
+the kernel stamped against what the capture saw; an instant of ours (the one just before
+``connect``, or which later segments a late read took with a boundary's own) is held to the
+order of events instead.
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ from pathlib import Path
 
 import pytest
 from conftest import assert_exact, chat_body
+from wire_bounds import Steal, hold_each
 
 import latency_analyzer as la
 from latency_analyzer.capture._wire import kernel_stamps_supported
-from latency_analyzer.load._monitor import cpu_times
 from latency_analyzer.testing import H2LLMServer, LLMServer, SubprocessLLMServer, TestCA
 from latency_analyzer.testing.pcap import Flow, PacketCapture, require_tcpdump
 from latency_analyzer.timeline import process_anchor
@@ -154,35 +154,18 @@ def _to_read_end(ours: int, own: int, arrivals: list[int]) -> int:
     return min((ours - t for t in later), key=abs)
 
 
-class _Steal:
-    """CPU time the hypervisor took from this virtual machine during the block (``steal`` in
-    ``/proc/stat``, jiffies): while it runs, a vCPU can be stopped between the two kernel
-    stamps compared here (tcpdump's, at the loopback transmit, and the socket's, at receive
-    processing), for up to a millisecond, which no process inside the machine can prevent."""
-
-    def __enter__(self) -> _Steal:
-        self.jiffies = 0
-        self._start = cpu_times()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        end = cpu_times()
-        if self._start is not None and end is not None:
-            self.jiffies = end[0] - self._start[0]
-
-
 def _check(
     errors: dict[str, list[int]],
     median_ns: int,
     max_ns: int | None,
-    steal: _Steal | None = None,
+    steal: Steal | None = None,
 ) -> None:
     """Median (and max) bounds on what the kernel stamped against the capture: each read's
     stamp against the segment that ended the read (``*_read``), ``connect``'s handshake time.
 
     The max bound is a quiet host's: it holds when the hypervisor took no CPU time from this
     machine during the capture (``steal``); when it did, the 95th percentile is held to it
-    instead (a stopped vCPU moves a few boundaries, not most) and the worst is printed.
+    instead (``wire_bounds.hold_each``).
 
     ``*_own`` (against the segment of the boundary's own last byte) is printed and held to
     the order of events only: never before that byte arrived. How far after is how many later
@@ -198,19 +181,12 @@ def _check(
             continue
         assert med <= median_ns, (name, med, sorted(values))
         if max_ns is not None:
-            worst = max(abs(v) for v in values)
-            if steal is not None and steal.jiffies:
-                ranked = sorted(abs(v) for v in values)
-                p95 = ranked[max(0, -(-len(ranked) * 95 // 100) - 1)]
-                print(f"{name}: the hypervisor took {steal.jiffies} jiffies: P95 bound, not max")
-                assert p95 <= max_ns, (name, p95, worst, steal.jiffies, sorted(values))
-                continue
-            assert worst <= max_ns, (name, worst, sorted(values))
+            hold_each(name, values, max_ns, steal)
 
 
 async def test_http1_boundaries_match_the_capture(llm: SubprocessLLMServer) -> None:
     """20 cold requests: connect, headers, first token and every token."""
-    with _Steal() as steal, PacketCapture(llm.port) as cap:
+    with Steal() as steal, PacketCapture(llm.port) as cap:
         wfs = await _cold_series(llm.url, 20)
     errors = _errors(wfs, cap.flows())
     _check(errors, 100_000, 500_000, steal)
@@ -223,7 +199,7 @@ async def test_connect_matches_the_capture_quiet_and_busy(host: str) -> None:
     ``connect`` starts before the SYN left and lasts the kernel's SYN → SYN-ACK time
     (``clock_source``), so a loop that returns late from ``connect`` cannot lengthen it."""
     with LLMServer(host=host, tokens=1).run_in_subprocess() as llm:
-        with _Steal() as steal, PacketCapture(llm.port) as cap:
+        with Steal() as steal, PacketCapture(llm.port) as cap:
             quiet = await _cold_series(llm.url, 20)
         quiet_flows = cap.flows()
         with _cpu_burners(2), PacketCapture(llm.port) as cap:
@@ -247,7 +223,7 @@ async def test_tls_done_matches_the_capture(ca: TestCA, server_pem: Path) -> Non
     before the client's second one (its Finished, with the request behind it)."""
     server = LLMServer(ssl=ca.server_context(), tokens=2)
     with server.run_in_subprocess(tls_pem=str(server_pem)) as llm:
-        with _Steal() as steal, PacketCapture(llm.port) as cap:
+        with Steal() as steal, PacketCapture(llm.port) as cap:
             async with la.Client(llm.url, ssl=ca.client_context(), keepalive=False) as client:
                 wfs = [
                     await client.request(
@@ -476,7 +452,7 @@ async def test_http2_frames_carry_the_kernel_stamps_of_their_reads() -> None:
     every token against the capture, read from the DATA frames' bytes on the wire."""
     server = H2LLMServer(header_delay=HEADER_DELAY, prefill=PREFILL, decode=DECODE, tokens=TOKENS)
     with server.run_in_subprocess() as h2:
-        with _Steal() as steal, PacketCapture(h2.port) as cap:
+        with Steal() as steal, PacketCapture(h2.port) as cap:
             async with la.Client(h2.url, http2=True) as client:
                 wfs = [
                     await client.request(
