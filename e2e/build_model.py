@@ -14,11 +14,27 @@ this corpus's ASCII alphabet; ≈ 0.4 M parameters.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import random
+import sys
 from pathlib import Path
 
-from latency_analyzer.testing.tokenizer import WORDS as TEST_WORDS
+
+def _test_bed_words() -> list[str]:
+    """The test bed tokenizer's corpus words, from its module's file: the engine and peer
+    venvs this script runs in lack the library's own dependencies, which importing it through
+    its package would need."""
+    path = Path(__file__).resolve().parent.parent / "latency_analyzer/testing/tokenizer.py"
+    spec = importlib.util.spec_from_file_location("_test_bed_tokenizer", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while it runs
+    spec.loader.exec_module(module)
+    return list(module.WORDS)
+
+
+TEST_WORDS = _test_bed_words()
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endfor %}"
