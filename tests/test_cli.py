@@ -26,6 +26,7 @@ import pytest
 from aiohttp import web
 from conftest import chat_body
 from handshakes import handshakes
+from wire_bounds import LOOPBACK_NS
 
 import latency_analyzer as la
 from latency_analyzer import demo
@@ -39,7 +40,6 @@ HEADER_DELAY, PREFILL, DECODE, TOKENS = 0.010, 0.030, 0.005, 8
 SLACK = 0.003  # seconds: server thread and client share one GIL
 DESIGN_KEYS = {"e2e_s", "ttft_s", "tpot_s", "output_tokens", "http_version", "stages", "error"}
 CHAT = "/v1/chat/completions"
-LOOPBACK_NS = 500_000  # a packet's capture stamp to its receive stamp on lo, with room
 LLM_KNOBS = {"header_delay": HEADER_DELAY, "prefill": PREFILL, "decode": DECODE, "tokens": TOKENS}
 
 

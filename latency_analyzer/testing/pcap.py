@@ -258,7 +258,7 @@ class PacketCapture:
         """Packets the kernel dropped before tcpdump read them (tcpdump's own count)."""
         self._dir: tempfile.TemporaryDirectory[str] | None = None
         self._proc: subprocess.Popen[bytes] | None = None
-        self._mark = EndMark(interface, settle_s)
+        self._mark = EndMark(interface)
 
     def __enter__(self) -> PacketCapture:
         reason = tcpdump_missing()
@@ -279,7 +279,7 @@ class PacketCapture:
     def __exit__(self, *exc: object) -> None:
         try:
             if self._dir is not None:
-                self._mark.wait(Path(self._dir.name) / "capture.pcap")
+                self._mark.wait(Path(self._dir.name) / "capture.pcap", self.settle_s)
             self._stop()
             if self._dir is not None and exc[0] is None:
                 self.packets = read_pcap(Path(self._dir.name) / "capture.pcap")

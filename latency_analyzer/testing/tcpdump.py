@@ -141,12 +141,11 @@ class EndMark:
     pause loses what it had not read yet. The ring is in order, so once the mark is in the
     file every packet before it is too. The mark goes to a UDP port of our own on 127.0.0.1,
     added to the capture filter with :meth:`bpf`; readers leave it out (:meth:`is_mark`).
-    Other interfaces do not see loopback datagrams: there, :meth:`wait` pauses ``settle_s``.
+    Other interfaces do not see loopback datagrams: there, :meth:`wait` pauses instead.
     """
 
-    def __init__(self, interface: str, settle_s: float = 0.05) -> None:
+    def __init__(self, interface: str) -> None:
         self.interface = interface
-        self.settle_s = settle_s
         self._sock: socket.socket | None = None
         self.port = 0
         self._token = b"la-capture-end-" + os.urandom(16).hex().encode()
@@ -167,11 +166,12 @@ class EndMark:
     def is_mark(self, dport: int, proto: str) -> bool:
         return self.port != 0 and proto == "udp" and dport == self.port
 
-    def wait(self, path: Path, timeout_s: float = 10.0) -> None:
+    def wait(self, path: Path, settle_s: float, timeout_s: float = 10.0) -> None:
         """Send the mark and return once tcpdump has written it to ``path`` (at most
-        ``timeout_s``; the packets it has not written by then are missing from the file)."""
+        ``timeout_s``; the packets it has not written by then are missing from the file).
+        Where there is no mark (not ``lo``), pause ``settle_s`` instead."""
         if self._sock is None:
-            time.sleep(self.settle_s)
+            time.sleep(settle_s)
             return
         self._sock.sendto(self._token, ("127.0.0.1", self.port))
         deadline, seen, tail = time.monotonic() + timeout_s, 0, b""
@@ -262,12 +262,13 @@ class TcpDump:
         self._mark.close()
         raise RuntimeError(f"tcpdump did not start: {' '.join(said).strip()}")
 
-    def stop(self) -> None:
-        """Once tcpdump has written the last packets (:class:`EndMark`), stop it."""
+    def stop(self, settle: float = 0.05) -> None:
+        """Once tcpdump has written the last packets, stop it: on ``lo`` it waits for the
+        :class:`EndMark`, elsewhere it pauses ``settle`` seconds."""
         proc, self._proc = self._proc, None
         if proc is None:
             return
-        self._mark.wait(self.path)
+        self._mark.wait(self.path, settle)
         self._mark.close()
         proc.send_signal(signal.SIGINT)
         try:
