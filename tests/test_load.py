@@ -7,6 +7,8 @@ the client's event loop. Ground truth is the server's own records (``slot_wait_n
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import json
 import random
 import statistics
@@ -21,6 +23,7 @@ import pytest
 from latency_analyzer import UsageError
 from latency_analyzer.analysis import WaterfallSet
 from latency_analyzer.load import (
+    RunResult,
     Scenario,
     Template,
     arrival_gaps,
@@ -118,6 +121,38 @@ async def test_closed_loop_at_concurrency_1_has_no_queueing(
     assert len(medians) == 20
     assert lag["p50_s"] == pytest.approx(float(np.median(medians)))
     assert 0 <= lag["p50_s"] <= lag["p99_s"] <= lag["max_s"]
+
+
+async def test_the_collector_leaves_what_existed_before_a_run_alone(
+    service_10ms: SubprocessLLMServer,
+) -> None:
+    """During a run every object alive before it is frozen (a full collection would scan them
+    all with the loop stopped); afterwards they are back under the collector. Two runs at once
+    keep them frozen until the second ends."""
+    assert gc.get_freeze_count() == 0
+    sc = Scenario(service_10ms.url + CHAT, requests=3, stream=False, name="gc")
+    seen: list[int] = []
+    short_done = asyncio.Event()
+
+    async def watch(t0: int) -> None:
+        seen.append(gc.get_freeze_count())
+
+    async def watch_after_short(t0: int) -> None:
+        await short_done.wait()
+        seen.append(gc.get_freeze_count())
+
+    async def short_run() -> RunResult:
+        try:
+            return await run(sc, rtt_samples=0, hooks=[watch])
+        finally:
+            short_done.set()
+
+    long_run = run(sc.replace(requests=20), rtt_samples=0, hooks=[watch_after_short])
+    short, long = await asyncio.gather(short_run(), long_run)
+    assert len(short.set) == 3 and len(long.set) == 20
+    alive = len(gc.get_objects())
+    assert len(seen) == 2 and min(seen) > alive // 2, (seen, alive)  # the process's objects
+    assert gc.get_freeze_count() == 0
 
 
 # --- open loop --------------------------------------------------------------------------------

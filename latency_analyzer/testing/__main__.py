@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import sys
 from collections.abc import Callable
 
@@ -97,6 +98,10 @@ def main(argv: list[str] | None = None) -> None:
     child = _CHILDREN.get(argv[0]) if argv else None
     if child is not None:
         realtime()  # ground truth that host load cannot delay, where the OS allows it
+        # what the imports made is never scanned again: a full collection over it stopped the
+        # server's loop for tens of ms (requests then sat unread in its socket)
+        gc.collect()
+        gc.freeze()
         child(argv[1])
         return
     with contextlib.suppress(KeyboardInterrupt):
