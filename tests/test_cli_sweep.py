@@ -8,6 +8,7 @@ import itertools
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from latency_analyzer.analysis import WaterfallSet
 from latency_analyzer.cli import main
 from latency_analyzer.errors import UsageError
 from latency_analyzer.load import Scenario, sweep_points
+from latency_analyzer.load import _search as search_module
 from latency_analyzer.load._slo import parse_slos, slo_report
 from latency_analyzer.testing import LLMServer
 
@@ -393,3 +395,73 @@ def test_search_json_is_json_when_no_request_succeeded(
     found = _strict(capsys.readouterr().out)
     assert isinstance(found, dict) and found["rate"] is None
     assert [p["slo"]["goodput_rps"] for p in found["points"]] == [None] * len(found["points"])
+
+
+def _lagging_first_run(monkeypatch: pytest.MonkeyPatch, block_s: float) -> None:
+    """The search's first probe runs while a callback blocks the client's loop for ``block_s``
+    every 20 ms (a client too busy to read its responses); later probes run undisturbed."""
+    real_run = search_module.run
+    calls = itertools.count()
+
+    async def run(*args: object, **kwargs: object) -> object:
+        if next(calls):
+            return await real_run(*args, **kwargs)
+        loop = asyncio.get_running_loop()
+        handle: asyncio.TimerHandle | None = None
+
+        def block() -> None:
+            nonlocal handle
+            time.sleep(block_s)
+            handle = loop.call_later(0.02, block)
+
+        handle = loop.call_later(0.0, block)
+        try:
+            return await real_run(*args, **kwargs)
+        finally:
+            handle.cancel()
+
+    monkeypatch.setattr(search_module, "run", run)
+
+
+@pytest.mark.parametrize("repeat", [1, 0])
+def test_a_probe_failed_while_the_client_lagged_is_run_again(
+    repeat: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The first probe's client blocks for 150 ms at a time, so its e2e P95 (server: 2 ms)
+    breaks a 100 ms SLO: with ``--repeat-lagged 1`` the probe runs again unblocked and passes
+    at ``--rate-max``; with 0 its failure stands and the search goes on to halve the rate.
+    Either way every run is in the file, and the lagged one carries the client's note."""
+    _lagging_first_run(monkeypatch, block_s=0.15)
+    out = tmp_path / "search.jsonl"
+    with LLMServer(prefill=0.002, tokens=1).run_in_subprocess() as server:
+        argv = [
+            *("search", "--url", server.url + "/v1/chat/completions", "--json"),
+            *("--slo", "e2e_p95=100ms", "--rate-max", "40", "--resolution", "50%"),
+            *("--requests", "20", "--warmup-requests", "0", "--out", str(out)),
+            *("--repeat-lagged", str(repeat), "--body-extra", '{"stream": false}'),
+        ]
+        assert main(argv) == 0
+    found = json.loads(capsys.readouterr().out)
+    points = found["points"]
+    first = points[0]
+    assert first["rate"] == 40 and first["met"] is False, first
+    assert "event-loop lag P99" in first["client_note"], first  # whichever cause it names
+    assert found["repeated"] == repeat
+    if repeat:
+        assert found["rate"] == 40 and found["failing"] is None
+        assert points[1]["rate"] == 40 and points[1]["met"] is True
+        assert "client_note" not in points[1], points[1]
+    else:
+        assert found["failing"]["step"] == 0 and found["rate"] < 40  # halved, then bisected
+    steps = WaterfallSet.load(out).group_by("step")
+    assert sorted(steps) == [p["step"] for p in points] == list(range(len(points)))
+
+
+def test_repeat_lagged_must_be_a_count(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [
+        *("search", "--url", URL, "--requests", "1", "--slo", "e2e_p95=1s"),
+        *("--rate-max", "10", "--repeat-lagged", "-1"),
+    ]
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2 and "--repeat-lagged" in capsys.readouterr().err

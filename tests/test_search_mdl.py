@@ -37,7 +37,11 @@ Why 10 % holds, and the tolerance budget:
   ``realtime`` fixture moves this process), so ordinary host load cannot stretch S or c. What
   is left, a service stalled by tens of ms now and then and c changing by a fraction of a ms
   from probe to probe, moves the threshold by about (H/S)²·(1 − ρ)/N and 2(1 − ρ)²·Δc/(S·ρ),
-  1–2 % each at H = 25 ms, Δc = 0.5 ms: ``JITTER`` = 5 % is about twice their sum.
+  1–2 % each at H = 25 ms, Δc = 0.5 ms: ``JITTER`` = 5 % is about twice their sum. Longer
+  stalls are kept out at their source: the runner and the server child keep the garbage
+  collector off what existed before (a full collection had stopped either loop for 20–70 ms,
+  seen as a probe 3–5 % too low), and a probe that fails while the client's self-check says it
+  lagged is run again by the search.
 * Size: S = 6 ms rather than less, because a stall's effect grows as (H/S)²; the test takes
   about 20 s (seven probes of 300 requests) and is marked slow.
 """

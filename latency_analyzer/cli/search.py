@@ -4,7 +4,8 @@ that meets every SLO.
 Probes ``--rate-max``, halves the rate until a probe passes, then bisects the bracket until it
 is within ``--resolution`` (see :func:`latency_analyzer.load.search`). Every probe is a
 complete run appended to ``--out`` (rows tagged ``step``); the output is the rate found, the
-last passing and the first failing probe with the goodput of each.
+last passing and the first failing probe with the goodput of each. A failing probe during
+which the client lagged is run again (``--repeat-lagged``).
 """
 
 from __future__ import annotations
@@ -44,6 +45,14 @@ def add_search_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
         help="stop once the first failing rate is within this share above the last passing "
         "one, e.g. 5%% or 0.05. Default: 5%%",
     )
+    p.add_argument(
+        "--repeat-lagged",
+        type=_count,
+        default=1,
+        metavar="N",
+        help="run a failing probe again, up to N times, when the client itself lagged during "
+        "it (its latencies then include client delay). Default: 1",
+    )
     # flags of `run` that cannot apply to a search: given, they are an error that says why
     p.add_argument("--rate", type=float, help=argparse.SUPPRESS)
     p.add_argument("--concurrency", type=int, help=argparse.SUPPRESS)
@@ -55,6 +64,16 @@ def _resolution(text: str) -> float:
         return parse_resolution(text)
     except UsageError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
+    return value
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -91,6 +110,7 @@ def cmd_search(args: argparse.Namespace) -> int:
             resolution=args.resolution,
             path=args.out,
             on_point=echo,
+            repeat_lagged=args.repeat_lagged,
         )
     )
     if args.json:

@@ -118,6 +118,8 @@ def point_line(p: LoadPoint) -> str:
         text += f"; {p.errors} errors"
     if not p.follows:
         text += "; achieved < 90% of offered"
+    if p.client_note is not None:
+        text += f"; {p.client_note}"
     return text
 
 

@@ -49,6 +49,8 @@ class LoadPoint:
         achieved_rps: ok requests completed per second over the run's span.
         latency_ns: ``{"e2e_p95": ns, ...}`` (NaN where no request had the metric).
         slo: the run against the SLOs, when some were given.
+        client_note: the client's own health note when it lagged during the run (its event
+            loop, pacer or reads late: the latencies include client delay), else None.
     """
 
     step: int
@@ -59,6 +61,7 @@ class LoadPoint:
     achieved_rps: float
     latency_ns: dict[str, float] = field(default_factory=dict)
     slo: SloReport | None = None
+    client_note: str | None = None
 
     @property
     def met(self) -> bool | None:
@@ -89,6 +92,8 @@ class LoadPoint:
             out["slo"] = self.slo.to_dict()
             out["met"] = self.met
             out["goodput_rps"] = _finite(self.slo.goodput_rps)
+        if self.client_note is not None:
+            out["client_note"] = self.client_note
         return out
 
 
@@ -97,9 +102,18 @@ def _finite(x: float) -> float | None:
 
 
 def load_point(
-    ws: WaterfallSet, *, step: int, key: str, level: float, slos: Sequence[Slo] = ()
+    ws: WaterfallSet,
+    *,
+    step: int,
+    key: str,
+    level: float,
+    slos: Sequence[Slo] = (),
+    client_note: str | None = None,
 ) -> LoadPoint:
-    """Reduce one run's set to a point (warm-up rows left out, as in every statistic)."""
+    """Reduce one run's set to a point (warm-up rows left out, as in every statistic).
+
+    ``client_note``: the run's client health note (``RunResult.client.note()``), kept on the point.
+    """
     keep = ~ws.warmup
     ok = ws.ok & keep
     latency: dict[str, float] = {}
@@ -111,7 +125,8 @@ def load_point(
     rps = float(ws.throughput()["requests_per_s"])
     report = slo_report(ws, list(slos)) if slos else None
     counted = int(keep.sum())
-    return LoadPoint(step, key, level, counted, counted - int(ok.sum()), rps, latency, report)
+    errors = counted - int(ok.sum())
+    return LoadPoint(step, key, level, counted, errors, rps, latency, report, client_note)
 
 
 def knee(points: Sequence[LoadPoint], metric: str = "e2e_p95") -> LoadPoint | None:

@@ -11,6 +11,13 @@ probe passes (or ``rate_min`` is passed), then bisects the bracket geometrically
 of ``lo`` and ``hi`` is ``sqrt(lo·hi)``) until ``hi / lo - 1 <= resolution``. A probe passes
 when every SLO is met and no request failed. What it reports is the last passing rate: the
 highest rate shown to meet the SLOs, within the resolution of the first rate shown not to.
+
+A failing probe during which the client itself lagged (its health note: event loop, pacer or
+reads late, whether from its own load or a busy host) says nothing sure about the target: its
+latencies include the client's delay. The search runs such a probe again, at most
+``repeat_lagged`` times (default 1), and the last run decides; every run stays in the file
+and in ``points``, each with its note. A passing probe is kept as it is (without the client's
+delay its latencies could only be lower).
 """
 
 from __future__ import annotations
@@ -65,7 +72,9 @@ async def _point(
     sc = scenario.replace(**{key: level, "name": f"{scenario.name}@{key}={level:g}"})
     result = await run(sc, path=file.part, step=step, **kwargs)
     file.append_part()
-    return load_point(result.set, step=step, key=key, level=level, slos=slos)
+    return load_point(
+        result.set, step=step, key=key, level=level, slos=slos, client_note=result.client.note()
+    )
 
 
 async def sweep_points(
@@ -124,8 +133,9 @@ class SearchResult:
         rate: the highest rate shown to meet the SLOs (None: no rate probed met them).
         passing: the probe at ``rate``.
         failing: the lowest rate shown not to meet them (None: ``rate_max`` met them).
-        points: every probe, in the order run.
+        points: every probe, in the order run (repeated probes included).
         resolution: the relative bracket width the search stopped at.
+        repeated: probes run again because the client lagged while they failed.
     """
 
     rate: float | None
@@ -133,6 +143,7 @@ class SearchResult:
     failing: LoadPoint | None
     points: list[LoadPoint] = field(default_factory=list)
     resolution: float = 0.05
+    repeated: int = 0
 
     def lines(self) -> list[str]:
         """The verdict, then the last passing and the first failing probe."""
@@ -149,7 +160,10 @@ class SearchResult:
         for name, p in (("last passing", self.passing), ("first failing", self.failing)):
             if p is not None:
                 out.append(f"{name}: {_probe_text(p)}")
-        out.append(f"probes: {len(self.points)}")
+        probes = f"probes: {len(self.points)}"
+        if self.repeated:
+            probes += f" ({self.repeated} run again: the client lagged while they failed)"
+        out.append(probes)
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -159,6 +173,7 @@ class SearchResult:
             "passing": None if self.passing is None else self.passing.to_dict(),
             "failing": None if self.failing is None else self.failing.to_dict(),
             "points": [p.to_dict() for p in self.points],
+            "repeated": self.repeated,
         }
 
 
@@ -166,10 +181,11 @@ def _probe_text(p: LoadPoint) -> str:
     goodput = p.goodput_rps
     shown = "n/a" if goodput is None or math.isnan(goodput) else f"{goodput:.2f} req/s"
     verdict = "met" if p.met else "NOT met"
-    return (
+    text = (
         f"{p.level:.4g} req/s offered, {p.achieved_rps:.4g} achieved, goodput {shown}, "
         f"SLO {verdict}, {p.errors} errors (step {p.step})"
     )
+    return text if p.client_note is None else f"{text}; {p.client_note}"
 
 
 def _passes(p: LoadPoint) -> bool:
@@ -201,6 +217,7 @@ async def search(
     resolution: float = 0.05,
     path: str | Path | None = None,
     on_point: OnPoint | None = None,
+    repeat_lagged: int = 1,
     **kwargs: Any,
 ) -> SearchResult:
     """The highest open-loop rate at which ``scenario`` meets every SLO (see the module's text).
@@ -213,10 +230,13 @@ async def search(
         resolution: stop once the failing rate is within this share above the passing one.
         path: the run file every probe is appended to (None: memory only).
         on_point: called with each probe as it finishes.
+        repeat_lagged: how many times a failing probe whose client lagged is run again (0:
+            never; see the module's text).
         kwargs: passed to :func:`latency_analyzer.load.run`.
 
     Raises:
-        UsageError: no SLO, a closed loop, or rates that are not positive and ordered.
+        UsageError: no SLO, a closed loop, rates that are not positive and ordered, or a
+            negative ``repeat_lagged``.
     """
     if not slos:
         raise UsageError("a search needs an SLO to meet (e.g. ttft_p95=800ms)")
@@ -230,21 +250,30 @@ async def search(
         raise UsageError(f"rates: need 0 < rate_min ({low:g}) < rate_max ({rate_max:g})")
     if not 0 < resolution < 1:
         raise UsageError(f"resolution must lie between 0 and 1, got {resolution:g}")
+    if repeat_lagged < 0:
+        raise UsageError(f"repeat_lagged must be 0 or more, got {repeat_lagged}")
     file = _RunFile(path)
     points: list[LoadPoint] = []
+    repeated = 0
 
     async def probe(rate: float) -> LoadPoint:
-        p = await _point(
-            scenario, file, step=len(points), key="rate", level=rate, slos=slos, kwargs=kwargs
-        )
-        points.append(p)
-        if on_point is not None:
-            on_point(p)
+        nonlocal repeated
+        for attempt in range(repeat_lagged + 1):
+            if attempt:
+                repeated += 1
+            p = await _point(
+                scenario, file, step=len(points), key="rate", level=rate, slos=slos, kwargs=kwargs
+            )
+            points.append(p)
+            if on_point is not None:
+                on_point(p)
+            if _passes(p) or p.client_note is None:
+                break
         return p
 
     def result(passing: LoadPoint | None, failing: LoadPoint | None) -> SearchResult:
         rate = None if passing is None else passing.level
-        return SearchResult(rate, passing, failing, points, resolution)
+        return SearchResult(rate, passing, failing, points, resolution, repeated)
 
     hi = await probe(rate_max)
     if _passes(hi):
