@@ -39,6 +39,9 @@ class Client(ClientTransport):
         resolver: ``"HOST:PORT"`` of a DNS server to ask (dnspython); None: the system's
             configuration, with ``/etc/hosts`` first.
         ssl: an ``ssl.SSLContext`` (e.g. one trusting a private CA); None: system defaults.
+            The client sets the context's ALPN list to match ``http2`` (Python's ssl module
+            has no per-connection setting, and a context cannot be copied with its keys), so
+            other code sharing the same context offers that list too.
         insecure: skip certificate verification (``curl -k``).
         timeout: seconds for a whole request, connection to last byte.
         limit: most connections open at once; a request beyond it records ``pool_wait``.
