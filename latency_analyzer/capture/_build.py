@@ -18,6 +18,7 @@ import aiohttp
 from .._version import __version__
 from ..errors import UsageError
 from ..timeline import Waterfall
+from ..timeline._unfrozen import unfrozen
 from ._state import now_ns
 
 _STREAM_BODY_OVER = 512 * 1024
@@ -71,6 +72,23 @@ def _origin(url: str) -> tuple[str, str]:
 
 def _left(deadline_ns: int) -> float:
     return max(0.0, (deadline_ns - now_ns()) / 1e9)
+
+
+_OpenClientTimeout = unfrozen(aiohttp.ClientTimeout)
+
+
+def _client_timeout(total: float) -> aiohttp.ClientTimeout:
+    """``ClientTimeout(total=total, ceil_threshold=1e9)``: aiohttp's own timer for the time a
+    request has left, exact (above ``ceil_threshold`` aiohttp rounds a timeout up to the next
+    whole second). Built in its slots: the frozen attrs ``__init__`` sets its five fields one
+    call at a time, and every request needs one of its own."""
+    timer = object.__new__(_OpenClientTimeout)
+    timer.total = total
+    timer.connect = timer.sock_read = timer.sock_connect = None
+    timer.ceil_threshold = 1e9
+    timer.__class__ = aiohttp.ClientTimeout
+    built: aiohttp.ClientTimeout = timer
+    return built
 
 
 def _path(parts: SplitResult) -> str:

@@ -18,7 +18,15 @@ import aiohttp
 
 from ..errors import UsageError
 from ..timeline._info import connection_info
-from ._build import _h2_request_parts, _h2_target, _http_version, _json_body, _left, _origin
+from ._build import (
+    _client_timeout,
+    _h2_request_parts,
+    _h2_target,
+    _http_version,
+    _json_body,
+    _left,
+    _origin,
+)
 from ._consume import ResponseConsumer, note_server_headers
 from ._hold import SendSchedule
 from ._stale import restart, retry_allowed
@@ -216,8 +224,7 @@ class ClientTransport:
     ) -> None:
         session = self._session or self._open()  # request() checked the client is usable
         # aiohttp's own timeout (no extra task per request), for the time left, exact
-        # (above ceil_threshold aiohttp rounds a timeout up to the next whole second)
-        timer = aiohttp.ClientTimeout(total=_left(deadline), ceil_threshold=1e9)
+        timer = _client_timeout(_left(deadline))
         if json is not None:
             data, headers = _json_body(json, headers)
         async with session.request(
