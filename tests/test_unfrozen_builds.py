@@ -66,13 +66,19 @@ def test_connection_info_and_span_built_in_slots_equal_the_constructor() -> None
 
 
 def test_trace_context_of_a_new_trace_equals_the_constructor() -> None:
-    random.seed(5)
-    ctx = inject({})
-    random.seed(5)
-    trace = f"{random.getrandbits(128) or 1:032x}"
-    span = f"{random.getrandbits(64):016x}"
-    assert type(ctx) is TraceContext and ctx == TraceContext(trace, span)
-    assert hash(ctx) == hash(TraceContext(trace, span))
+    padded = 0
+    for seed in range(64):  # ids with leading zero digits among them: padded as ``:032x`` pads
+        random.seed(seed)
+        headers: dict[str, str] = {}
+        ctx = inject(headers)
+        random.seed(seed)
+        trace = f"{random.getrandbits(128) or 1:032x}"
+        span = f"{random.getrandbits(64):016x}"
+        assert type(ctx) is TraceContext and ctx == TraceContext(trace, span)
+        assert hash(ctx) == hash(TraceContext(trace, span))
+        assert headers == {"traceparent": f"00-{trace}-{span}-01"}
+        padded += trace.startswith("0") + span.startswith("0")
+    assert padded
 
 
 @pytest.mark.parametrize("total", [0.0, 0.25, 59.999_987, 3600.0])

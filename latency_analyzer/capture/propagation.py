@@ -91,8 +91,9 @@ def inject(headers: MutableMapping[str, str]) -> TraceContext:
     if parent is None:
         # a new sampled trace: the header is written here, as the propagator would write it
         # (``00-<trace>-<span>-01``, no ``tracestate``), without building a context for it
-        trace_hex = f"{_getrandbits(128) or 1:032x}"
-        span_hex = f"{_new_span_id():016x}"
+        # lowercase hex, zero-padded: what ``:032x``/``:016x`` give, without parsing a spec
+        trace_hex = (_getrandbits(128) or 1).to_bytes(16, "big").hex()
+        span_hex = _new_span_id().to_bytes(8, "big").hex()
         headers["traceparent"] = f"00-{trace_hex}-{span_hex}-01"
         # built in its slots: the frozen field-by-field __init__ costs more than the rest
         ctx = _new(_OpenTraceContext)
