@@ -204,9 +204,10 @@ class Client(ClientTransport):
         state = RequestState(recorder, self._trace)
         state.answer, state.hold = answer, hold
         context = inject(sent)  # W3C traceparent: how server spans find this request
-        recorder.attributes.update({"trace_id": context.trace_id, "span_id": context.span_id})
+        attributes = recorder.attributes
+        attributes["trace_id"], attributes["span_id"] = context.trace_id, context.span_id
         if context.parent_span_id:
-            recorder.attributes["parent_span_id"] = context.parent_span_id
+            attributes["parent_span_id"] = context.parent_span_id
         headers = sent
         token = CURRENT.set(state)
         cancelled = False
