@@ -18,7 +18,8 @@ from aiohttp.client_proto import ResponseHandler
 from ..timeline import TcpInfo, TlsInfo
 from ._hold import Hold
 from ._state import RequestState, now_ns
-from ._wire import WireStamps, wire_of
+from ._tcpinfo import read_tcp_info, tcp_info_of
+from ._wire import StampedSocket, WireStamps, stamped_socket_of
 from .http2 import HandoffToHTTP2
 
 __all__ = ["TimedProtocol"]
@@ -99,6 +100,8 @@ class TimedProtocol(ResponseHandler):
         self.tls: TlsInfo | None = None  # what the handshake settled, for every request it carries
         self.tcp_connect: TcpInfo | None = None  # the kernel's TCP_INFO once set up
         self.wire: WireStamps | None = None  # the socket's read and send stamps
+        self.sock: StampedSocket | None = None  # the socket under the transport, if ours
+        self.idle_poll: tuple[int, Any] | None = None  # (fd, poll object) of ._stale, once made
         self.last_write_ns = 0
         self.backlog = False
         self._marks: list[tuple[int, int]] = []  # (body bytes received so far, arrival ns)
@@ -110,7 +113,8 @@ class TimedProtocol(ResponseHandler):
 
     # -- connection --
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.wire = wire = wire_of(transport)
+        self.sock = sock = stamped_socket_of(transport)
+        self.wire = wire = None if sock is None else sock.wire
         self.made_user_ns = now_ns()
         # over TLS, the read whose callback completed the handshake is the last one
         stamped = wire is not None and wire.read_user_ns
@@ -148,6 +152,11 @@ class TimedProtocol(ResponseHandler):
             hold.drop()
         self.state = None
         self.requests_served += 1
+
+    def tcp_info(self) -> TcpInfo | None:
+        """A ``TCP_INFO`` reading of the connection now (None once it is closed)."""
+        sock = self.sock
+        return tcp_info_of(self.transport) if sock is None else read_tcp_info(sock)
 
     # -- request bytes --
     def after_write(self, before_ns: int, buffered: int) -> None:

@@ -246,7 +246,7 @@ class ClientTransport:
                 else:
                     consumer.feed(data, 0)
             consumer.close(state.body_end_ns or now_ns())
-            rec.tcp_end = tcp_info_of(proto.transport)
+            rec.tcp_end = proto.tcp_info()
 
 
 class _H2Dial:

@@ -40,7 +40,7 @@ from typing import Any
 
 from ..timeline import process_anchor
 
-__all__ = ["StampedSocket", "WireStamps", "kernel_stamps_supported", "wire_of"]
+__all__ = ["StampedSocket", "WireStamps", "kernel_stamps_supported", "stamped_socket_of", "wire_of"]
 
 _now = time.perf_counter_ns
 
@@ -151,17 +151,23 @@ class WireStamps:
 _by_fd: weakref.WeakValueDictionary[int, StampedSocket] = weakref.WeakValueDictionary()
 
 
-def wire_of(transport: Any) -> WireStamps | None:
-    """The stamps of the socket under ``transport`` (through TLS too), if it is ours."""
+def stamped_socket_of(transport: Any) -> StampedSocket | None:
+    """The socket under ``transport`` (through TLS too), if it is ours: the object asyncio
+    reads and writes, not the ``TransportSocket`` view the ``socket`` extra gives."""
     if transport is None:
         return None
     sock = transport.get_extra_info("socket")
     if sock is None:
         return None
     try:
-        found = _by_fd.get(sock.fileno())
+        return _by_fd.get(sock.fileno())
     except OSError:  # closed already
         return None
+
+
+def wire_of(transport: Any) -> WireStamps | None:
+    """The stamps of the socket under ``transport`` (through TLS too), if it is ours."""
+    found = stamped_socket_of(transport)
     return None if found is None else found.wire
 
 
