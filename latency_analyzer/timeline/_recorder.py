@@ -72,6 +72,40 @@ class Recorder:
     except the process anchor.
     """
 
+    # slotted: every request makes one, and thirty attributes fill an instance dict
+    __slots__ = (
+        "_chunks",
+        "_closed",
+        "_empty",
+        "_finished",
+        "_kernel_reads",
+        "_lags",
+        "_open",
+        "_refused",
+        "_shared",
+        "_spans",
+        "_user_reads",
+        "anchor",
+        "attributes",
+        "connection",
+        "error",
+        "error_type",
+        "headers_ns",
+        "http_version",
+        "intended_start_ns",
+        "interrupted",
+        "method",
+        "multi_event_reads",
+        "start_ns",
+        "status",
+        "tcp_connect",
+        "tcp_end",
+        "tls",
+        "url",
+        "usage_completion",
+        "usage_prompt",
+    )
+
     def __init__(
         self,
         method: str,
