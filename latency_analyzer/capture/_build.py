@@ -135,4 +135,11 @@ def _json_body(
 def _http_version(version: aiohttp.HttpVersion | None) -> str | None:
     if version is None:
         return None
-    return "2" if version.major == 2 else f"{version.major}.{version.minor}"
+    spelled = _VERSIONS.get(version)
+    if spelled is None:
+        spelled = "2" if version.major == 2 else f"{version.major}.{version.minor}"
+    return spelled
+
+
+# what nearly every response says, spelled once
+_VERSIONS = {aiohttp.HttpVersion11: "1.1", aiohttp.HttpVersion10: "1.0"}

@@ -23,7 +23,7 @@ from .openai import (
     parse_openai_body,
 )
 
-__all__ = ["SERVER_HEADERS", "ResponseConsumer", "note_server_headers"]
+__all__ = ["SERVER_HEADERS", "ResponseConsumer", "note_server_headers", "notes_any"]
 
 #: Response headers in which servers report their own timings; kept on the waterfall as
 #: ``attributes["http.<name>"]`` (``latency_analyzer.merge.merge_headers`` reads them).
@@ -39,6 +39,15 @@ SERVER_HEADERS = frozenset(
         "x-generated-tokens",
     }
 )
+
+
+_NOTED = SERVER_HEADERS | {"location"}
+
+
+def notes_any(names: Iterable[str]) -> bool:
+    """Whether response headers of these names would note anything (most say none): a
+    test made in C, before the per-header loop of :func:`note_server_headers`."""
+    return not _NOTED.isdisjoint(map(str.lower, names))
 
 
 def note_server_headers(state: RequestState, headers: Iterable[tuple[str, str]]) -> None:
