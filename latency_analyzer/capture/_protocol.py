@@ -143,8 +143,9 @@ class TimedProtocol(ResponseHandler):
         self.backlog = False
         self._marks = []
         self._marked_payload = None
-        if self.wire is not None:
-            self.wire.mark_request()
+        wire = self.wire
+        if wire is not None:
+            wire.first_send_ns = None  # WireStamps.mark_request, inline: every request
 
     def detach(self) -> None:
         hold, self.hold = self.hold, None
@@ -154,9 +155,12 @@ class TimedProtocol(ResponseHandler):
         self.requests_served += 1
 
     def tcp_info(self) -> TcpInfo | None:
-        """A ``TCP_INFO`` reading of the connection now (None once it is closed)."""
-        sock = self.sock
-        return tcp_info_of(self.transport) if sock is None else read_tcp_info(sock)
+        """A ``TCP_INFO`` reading of the connection now (None once it is closed, or once
+        aiohttp let go of its transport: a connection closed after its response)."""
+        transport, sock = self.transport, self.sock
+        if transport is None or sock is None:
+            return tcp_info_of(transport)
+        return read_tcp_info(sock)
 
     # -- request bytes --
     def after_write(self, before_ns: int, buffered: int) -> None:
@@ -172,7 +176,10 @@ class TimedProtocol(ResponseHandler):
             first = wire.first_send_ns if wire is not None else None
             state.begin("send", before_ns if first is None else first)
         self.backlog = buffered > 0
-        self.last_write_ns = _sent_ns(wire)
+        # the entry of the latest send syscall (as _sent_ns, inline: every request writes)
+        self.last_write_ns = (
+            wire.send_start_ns if wire is not None and wire.send_start_ns else now_ns()
+        )
 
     def resume_writing(self) -> None:
         if self.backlog:  # the last request bytes just left our buffer

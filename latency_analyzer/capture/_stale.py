@@ -54,10 +54,12 @@ def peer_closed(proto: Any) -> bool:
     Asked at every checkout of a reused connection: the poll object registered for the
     socket is made once and kept on the protocol (``idle_poll``) with the descriptor it
     watches, which is checked again each time."""
+    transport = proto.transport
+    if transport is None:
+        return False
     sock = proto.sock
     if sock is None:  # a socket not of ours: the transport's view of it
-        transport = proto.transport
-        sock = transport.get_extra_info("socket") if transport is not None else None
+        sock = transport.get_extra_info("socket")
         if sock is None:
             return False
     try:
