@@ -259,10 +259,11 @@ class ClientTransport:
                     )
                     offset = 0
                     content = resp.content
+                    streamed = consumer.wants_arrival_times  # asked once, not at every read
                     # ``iter_any()`` without its iterator: one coroutine less per read, and
                     # no StopAsyncIteration raised at the end (b"" ends both)
                     while chunk := await content.readany():
-                        if consumer.wants_arrival_times:
+                        if streamed:
                             for piece, t in proto.arrivals(offset, chunk):
                                 consumer.feed(piece, t)
                             offset += len(chunk)

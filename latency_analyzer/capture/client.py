@@ -183,7 +183,7 @@ class Client(ClientTransport):
             hop = nxt
             remember_request(hop.url, hop.headers)
             wf, location = await self._hop(hop, timeout, None, now_ns(), on_cancel, answer)
-        return with_chain(wf, before)
+        return with_chain(wf, before) if before else wf
 
     async def _hop(
         self,

@@ -286,15 +286,19 @@ class Recorder:
         if self._finished:
             raise UsageError("this recorder already finished")
         self._finished = True
-        for name in list(self._open):
-            self.end(name, t_ns, interrupted=self.interrupted)
+        if self._open:
+            for name in list(self._open):
+                self.end(name, t_ns, interrupted=self.interrupted)
         if self.headers_ns is not None:
             self._clip_send(self.headers_ns)
         end_ns = t_ns
         for span in self._spans:
             if span.end_ns > end_ns:
                 end_ns = span.end_ns
-        spans = [*self._lag_span(), *self._spans, *self._response_spans(end_ns)]
+        if self.intended_start_ns is None:  # no schedule: no schedule_lag (nearly always)
+            spans = [*self._spans, *self._response_spans(end_ns)]
+        else:
+            spans = [*self._lag_span(), *self._spans, *self._response_spans(end_ns)]
         # a request a scheduler started early (clock conversion, a few µs) starts when it did
         intended = self.intended_start_ns
         root_start = self.start_ns if intended is None else min(self.start_ns, intended)
@@ -341,8 +345,11 @@ class Recorder:
         wf.tcp_connect = self.tcp_connect
         wf.tcp_end = self.tcp_end
         self._set_read_fields(wf)
-        wf.first_chunk_ns = self._empty_before(times[0] if times else None)
-        wf.last_chunk_ns = self._empty_after(times[-1] if times else None)
+        if self._empty is None:  # no empty-text token chunk: what the two below give
+            wf.first_chunk_ns = wf.last_chunk_ns = None
+        else:
+            wf.first_chunk_ns = self._empty_before(times[0] if times else None)
+            wf.last_chunk_ns = self._empty_after(times[-1] if times else None)
         # after the read fields, which may add a note; copied: the Recorder's dict stays its own
         wf.attributes = MappingProxyType(dict(self.attributes))
         wf.__class__ = Waterfall
