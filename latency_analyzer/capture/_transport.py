@@ -15,6 +15,8 @@ from collections.abc import Coroutine, Mapping
 from typing import Any
 
 import aiohttp
+from aiohttp import hdrs
+from aiohttp.helpers import parse_content_type
 
 from ..errors import UsageError
 from ..timeline._info import connection_info
@@ -255,7 +257,7 @@ class ClientTransport:
                     if notes_any(resp.headers.keys()):
                         note_server_headers(state, resp.headers.items())
                     consumer = ResponseConsumer(
-                        state, resp.status, resp.content_type, resp.reason or ""
+                        state, resp.status, _content_type(resp.headers), resp.reason or ""
                     )
                     offset = 0
                     content = resp.content
@@ -279,6 +281,13 @@ class ClientTransport:
                     raise  # 0 left: no timer at all for a retry
                 restart(state, exc, failed_at)  # once, on the pool's next connection; attempt kept
                 retried = True
+
+
+def _content_type(headers: Mapping[str, str]) -> str:
+    """``ClientResponse.content_type`` from aiohttp's own (cached) parse of the header,
+    without the property's copy of the parameters, which are not read here."""
+    raw = headers.get(hdrs.CONTENT_TYPE)
+    return "application/octet-stream" if raw is None else parse_content_type(raw)[0]
 
 
 class _H2Dial:
