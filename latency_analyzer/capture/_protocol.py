@@ -30,11 +30,24 @@ _connection_ids = itertools.count(1)
 class _TimedTransport:
     """Delegates to the real transport; notes when request bytes are written."""
 
-    __slots__ = ("_proto", "_transport")
+    __slots__ = (
+        "_proto",
+        "_transport",
+        "get_extra_info",
+        "is_closing",
+        "pause_reading",
+        "resume_reading",
+    )
 
     def __init__(self, transport: asyncio.Transport, proto: TimedProtocol) -> None:
         self._transport = transport
         self._proto = proto
+        # aiohttp calls these on every read or release: the transport's own bound methods,
+        # so a call costs no frame of ours (nor a __getattr__ lookup)
+        self.is_closing: Callable[[], bool] = transport.is_closing
+        self.pause_reading: Callable[[], None] = transport.pause_reading
+        self.resume_reading: Callable[[], None] = transport.resume_reading
+        self.get_extra_info: Callable[..., Any] = transport.get_extra_info
 
     def write(self, data: Any) -> None:
         hold = self._proto.hold
@@ -64,19 +77,6 @@ class _TimedTransport:
         before = now_ns()
         self._transport.writelines(chunks)
         self._proto.after_write(before, self._transport.get_write_buffer_size())
-
-    # aiohttp calls these on every read or release: direct methods, not __getattr__ lookups
-    def is_closing(self) -> bool:
-        return self._transport.is_closing()
-
-    def pause_reading(self) -> None:
-        self._transport.pause_reading()
-
-    def resume_reading(self) -> None:
-        self._transport.resume_reading()
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return self._transport.get_extra_info(name, default)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
