@@ -8,7 +8,7 @@ from typing import Any
 
 from ..errors import UsageError
 from ._clock import ClockAnchor, process_anchor
-from ._span import _NO_ATTRIBUTES, AttrValue, Span, prechecked_span
+from ._span import _NO_ATTRIBUTES, AttrValue, Span, _OpenSpan, prechecked_span
 from ._stages import CLIENT_STAGES, ROOT_NAME
 from ._tcpinfo import TcpInfo
 from ._tokens import (
@@ -168,8 +168,18 @@ class Recorder:
             raise UsageError(f"stage {name!r} was not begun") from None
         if attrs:
             opened.update(attrs)
-        # ``opened`` was made for this stage (``begin``): the span wraps it, no copy
-        self._spans.append(_span(name, start, t_ns if t_ns > start else start, opened))
+        # what _span/prechecked_span build, inline (every stage of every request ends here):
+        # the end is clamped to the start, so nothing is left to check; ``opened`` was made
+        # for this stage (``begin``): the span wraps it, no copy
+        span = _new(_OpenSpan)
+        span.name = name
+        span.start_ns = start
+        span.end_ns = t_ns if t_ns > start else start
+        span.source = "client"
+        span.attributes = MappingProxyType(opened) if opened else _NO_ATTRIBUTES
+        span.children = ()
+        span.__class__ = Span
+        self._spans.append(span)
         self._closed.add(name)
 
     def move_start(self, name: str, t_ns: int) -> None:
