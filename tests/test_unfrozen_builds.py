@@ -81,6 +81,14 @@ def test_trace_context_of_a_new_trace_equals_the_constructor() -> None:
     assert padded
 
 
+def test_trace_context_under_a_callers_parent_equals_the_constructor() -> None:
+    headers = {"traceparent": f"00-{'1' * 32}-{'2' * 16}-00"}
+    ctx = inject(headers)
+    checked = TraceContext("1" * 32, ctx.span_id, "2" * 16, sampled=False)
+    assert type(ctx) is TraceContext and ctx == checked and hash(ctx) == hash(checked)
+    assert headers["traceparent"] == f"00-{'1' * 32}-{ctx.span_id}-00" == ctx.traceparent
+
+
 @pytest.mark.parametrize("total", [0.0, 0.25, 59.999_987, 3600.0])
 def test_client_timeout_built_in_slots_equals_the_constructor(total: float) -> None:
     built = _client_timeout(total)

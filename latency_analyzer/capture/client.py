@@ -26,7 +26,7 @@ from ._state import CURRENT, RequestState, TraceHook, now_ns
 from ._tcpinfo import tcp_info_of
 from ._transport import ClientTransport
 from .http2 import H2Pool
-from .propagation import inject
+from .propagation import _inject_ids
 
 __all__ = ["Client", "aprobe", "probe", "redact_url"]
 
@@ -203,11 +203,12 @@ class Client(ClientTransport):
         )
         state = RequestState(recorder, self._trace)
         state.answer, state.hold = answer, hold
-        context = inject(sent)  # W3C traceparent: how server spans find this request
+        # W3C traceparent: how server spans find this request
+        trace_id, span_id, parent_span_id, _ = _inject_ids(sent)
         attributes = recorder.attributes
-        attributes["trace_id"], attributes["span_id"] = context.trace_id, context.span_id
-        if context.parent_span_id:
-            attributes["parent_span_id"] = context.parent_span_id
+        attributes["trace_id"], attributes["span_id"] = trace_id, span_id
+        if parent_span_id:
+            attributes["parent_span_id"] = parent_span_id
         headers = sent
         token = CURRENT.set(state)
         cancelled = False
