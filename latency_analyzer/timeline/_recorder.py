@@ -299,8 +299,12 @@ class Recorder:
         if self._open:
             for name in list(self._open):
                 self.end(name, t_ns, interrupted=self.interrupted)
-        if self.headers_ns is not None:
-            self._clip_send(self.headers_ns)
+        headers_ns = self.headers_ns
+        if headers_ns is not None:  # a send past the headers is rare: looked for inline
+            for span in self._spans:
+                if span.name == "send" and span.end_ns > headers_ns:
+                    self._clip_send(headers_ns)
+                    break
         end_ns = t_ns
         for span in self._spans:
             if span.end_ns > end_ns:
@@ -314,9 +318,16 @@ class Recorder:
         root_start = self.start_ns if intended is None else min(self.start_ns, intended)
         if end_ns < root_start:
             raise UsageError(f"span {ROOT_NAME!r} ends before it starts ({root_start} > {end_ns})")
-        root = prechecked_span(
-            ROOT_NAME, root_start, end_ns, "client", _NO_ATTRIBUTES, _in_start_order(spans)
-        )
+        # _in_start_order, inline: the spans nearly always are in start order already
+        previous = spans[0].start_ns if spans else 0
+        for span in spans:
+            if previous > span.start_ns:
+                children = _in_start_order(spans)
+                break
+            previous = span.start_ns
+        else:
+            children = tuple(spans)
+        root = prechecked_span(ROOT_NAME, root_start, end_ns, "client", _NO_ATTRIBUTES, children)
         chunks = self._chunks
         if chunks or self.usage_completion is not None:
             times, tokens, n_out, source = self._token_counts()
@@ -417,7 +428,10 @@ class Recorder:
 
     def _response_spans(self, end_ns: int) -> list[Span]:
         """wait / first_token / decode / tail from the response marks."""
-        send_end = self.span_end("send")
+        send_end = None  # span_end("send"), inline
+        for span in self._spans:
+            if span.name == "send":
+                send_end = span.end_ns
         if send_end is None:
             return []
         failed: dict[str, AttrValue] | None = {"interrupted": True} if self.interrupted else None
