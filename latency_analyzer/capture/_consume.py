@@ -68,21 +68,6 @@ _ERROR_BODY_CAP = 64 * 1024  # enough for any error message; the rest is read an
 _JSON_BODY_CAP = 16 * 1024 * 1024
 
 
-class _Tokens:
-    """Turns cumulative per-chunk usage (vLLM continuous usage stats) into per-chunk counts."""
-
-    __slots__ = ("seen",)
-
-    def __init__(self) -> None:
-        self.seen = 0
-
-    def delta(self, cumulative: int | None) -> int | None:
-        if cumulative is None or cumulative <= self.seen:
-            return None
-        step, self.seen = cumulative - self.seen, cumulative
-        return step
-
-
 def _is_token(ev: Event) -> bool:
     return type(ev) is ChunkReceived and ev.carries_token
 
@@ -104,7 +89,7 @@ class ResponseConsumer:
         reason: the HTTP reason phrase, used when an error body says nothing.
     """
 
-    __slots__ = ("_body", "_cap", "_kind", "_parser", "_reason", "_state", "_status", "_tokens")
+    __slots__ = ("_body", "_cap", "_kind", "_parser", "_reason", "_seen", "_state", "_status")
 
     def __init__(
         self, state: RequestState, status: int, content_type: str, reason: str = ""
@@ -112,7 +97,7 @@ class ResponseConsumer:
         self._state = state
         self._status = status
         self._reason = reason
-        self._tokens = _Tokens()
+        self._seen = 0  # the cumulative completion tokens of the chunks so far (_delta)
         self._body = bytearray()
         self._parser: OpenAIStreamParser | None = None
         if status >= 400:
@@ -158,6 +143,14 @@ class ResponseConsumer:
         elif self._kind == "json" and b'"choices"' in self._body:  # a completion, not any JSON
             self._apply(parse_openai_body(bytes(self._body), time_ns), per_chunk_usage=False)
 
+    def _delta(self, cumulative: int | None) -> int | None:
+        """A chunk's own token count from cumulative per-chunk usage (vLLM's continuous
+        usage stats): what it adds to the chunks before it, None when it adds nothing."""
+        if cumulative is None or cumulative <= self._seen:
+            return None
+        step, self._seen = cumulative - self._seen, cumulative
+        return step
+
     def _apply(self, events: list[Event], per_chunk_usage: bool = True) -> None:
         state = self._state
         rec = state.recorder
@@ -170,14 +163,14 @@ class ResponseConsumer:
                     if cumulative is None or not per_chunk_usage:
                         rec.chunk(ev.time_ns, len(content) + len(ev.reasoning))
                     else:
-                        known = self._tokens.delta(cumulative)
+                        known = self._delta(cumulative)
                         rec.chunk(ev.time_ns, len(content) + len(ev.reasoning), known)
                     if answer is not None:
                         answer.append(content)
                 elif ev.reasoning:  # carries_token: reasoning alone (it is there: a token came)
                     cumulative = ev.completion_tokens
                     known = (
-                        self._tokens.delta(cumulative)
+                        self._delta(cumulative)
                         if per_chunk_usage and cumulative is not None
                         else None
                     )
