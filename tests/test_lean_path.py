@@ -22,6 +22,7 @@ from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from latency_analyzer._redact import forget_all, redact_url, remember
+from latency_analyzer.capture._consume import note_server_headers, notes_any
 from latency_analyzer.capture._state import RequestState
 from latency_analyzer.capture._transport import _content_type
 from latency_analyzer.capture._wire import WireStamps
@@ -197,6 +198,27 @@ def test_content_type_shortcut_matches_the_response_property(raw: str | None) ->
     headers = CIMultiDict[str]() if raw is None else CIMultiDict({"Content-Type": raw})
     proxy = CIMultiDictProxy(headers)
     assert _content_type(proxy) == _Headers(proxy).content_type
+
+
+@pytest.mark.parametrize(
+    "names",
+    [
+        ("Content-Type", "Content-Length", "Date", "Server"),
+        ("content-type", "Server-Timing"),
+        ("SERVER-TIMING",),
+        ("Location", "Date"),
+        ("x-Queue-Time",),
+        ("X-Prompt-Tokens", "x-generated-tokens"),
+        ("Server-Timings", "Locations", "x-queue"),
+        (),
+    ],
+)
+def test_header_prefilter_says_what_the_per_header_loop_notes(names: tuple[str, ...]) -> None:
+    headers = CIMultiDictProxy(CIMultiDict([(name, "1") for name in names]))
+    state = RequestState(Recorder("GET", "http://h/", start_ns=0))
+    note_server_headers(state, headers.items())
+    noted = bool(state.recorder.attributes) or state.location is not None
+    assert notes_any(headers.keys()) is noted
 
 
 async def test_a_parser_resume_is_not_counted_as_a_read() -> None:

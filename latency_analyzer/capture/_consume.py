@@ -6,7 +6,7 @@ HTTP/1.1 (aiohttp) and HTTP/2 (h2) both feed a ``ResponseConsumer``, so streamin
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, KeysView
 
 from .._redact import redact_text, redact_url
 from ._state import RequestState
@@ -41,13 +41,14 @@ SERVER_HEADERS = frozenset(
 )
 
 
-_NOTED = SERVER_HEADERS | {"location"}
+_NOTED = tuple(sorted(SERVER_HEADERS | {"location"}))
 
 
-def notes_any(names: Iterable[str]) -> bool:
-    """Whether response headers of these names would note anything (most say none): a
-    test made in C, before the per-header loop of :func:`note_server_headers`."""
-    return not _NOTED.isdisjoint(map(str.lower, names))
+def notes_any(names: KeysView[str]) -> bool:
+    """Whether response headers of these names would note anything (most say none), before
+    the per-header loop of :func:`note_server_headers`. ``names``: a case-insensitive view,
+    as a ``CIMultiDict``'s ``keys()`` is, whose membership test is made in C."""
+    return not names.isdisjoint(_NOTED)
 
 
 def note_server_headers(state: RequestState, headers: Iterable[tuple[str, str]]) -> None:
