@@ -6,7 +6,9 @@ HTTP/1.1 (aiohttp) and HTTP/2 (h2) both feed a ``ResponseConsumer``, so streamin
 
 from __future__ import annotations
 
-from collections.abc import Iterable, KeysView
+from collections.abc import Iterable
+
+from multidict import CIMultiDict, MultiMapping
 
 from .._redact import redact_text, redact_url
 from ._state import RequestState
@@ -43,12 +45,20 @@ SERVER_HEADERS = frozenset(
 
 _NOTED = tuple(sorted(SERVER_HEADERS | {"location"}))
 
+# Set operations on a case-insensitive keys view match names case-insensitively since
+# multidict 6.3; before it, the pure-Python view (no C extension) compared them as written
+# and would have found no ``Location`` or ``Server-Timing`` in a response.
+_CASELESS_SET_OPS = not CIMultiDict([("A", "")]).keys().isdisjoint(("a",))
 
-def notes_any(names: KeysView[str]) -> bool:
-    """Whether response headers of these names would note anything (most say none), before
-    the per-header loop of :func:`note_server_headers`. ``names``: a case-insensitive view,
-    as a ``CIMultiDict``'s ``keys()`` is, whose membership test is made in C."""
-    return not names.isdisjoint(_NOTED)
+
+def notes_any(headers: MultiMapping[str]) -> bool:
+    """Whether response headers ``headers`` (a case-insensitive multidict, as aiohttp's
+    are) would note anything (most say none), before the per-header loop of
+    :func:`note_server_headers`: one set test of the keys view, made in C, where multidict
+    makes it without regard to case, else a membership test per name."""
+    if _CASELESS_SET_OPS:
+        return not headers.keys().isdisjoint(_NOTED)
+    return any(map(headers.__contains__, _NOTED))
 
 
 def note_server_headers(state: RequestState, headers: Iterable[tuple[str, str]]) -> None:

@@ -254,7 +254,7 @@ class ClientTransport:
                     rec.status = resp.status
                     rec.http_version = _http_version(resp.version)
                     proto: TimedProtocol = state.protocol
-                    if notes_any(resp.headers.keys()):
+                    if notes_any(resp.headers):
                         note_server_headers(state, resp.headers.items())
                     consumer = ResponseConsumer(
                         state, resp.status, _content_type(resp.headers), resp.reason or ""
