@@ -14,13 +14,18 @@ import random
 from pathlib import Path
 
 import pytest
+from aiohttp.helpers import HeadersMixin
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from multidict import CIMultiDict, CIMultiDictProxy
 from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from latency_analyzer._redact import forget_all, redact_url, remember
+from latency_analyzer.capture import _consume
+from latency_analyzer.capture._consume import note_server_headers, notes_any
 from latency_analyzer.capture._state import RequestState
+from latency_analyzer.capture._transport import _content_type
 from latency_analyzer.capture._wire import WireStamps
 from latency_analyzer.capture.connector import TimedProtocol
 from latency_analyzer.capture.openai import ChunkReceived, OpenAIStreamParser
@@ -170,6 +175,57 @@ def test_redacted_url_is_reused_only_until_a_secret_is_remembered() -> None:
     assert "s3cr3t" not in redact_url(url)
     forget_all()
     assert redact_url(url) == url
+
+
+class _Headers(HeadersMixin):
+    def __init__(self, headers: CIMultiDictProxy[str]) -> None:
+        self._headers = headers
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        None,
+        "text/event-stream",
+        "text/event-stream; charset=utf-8",
+        "Application/JSON",
+        "application/json;charset=UTF-8",
+        "",
+        "garbage",
+        "text/plain; q",
+    ],
+)
+def test_content_type_shortcut_matches_the_response_property(raw: str | None) -> None:
+    headers = CIMultiDict[str]() if raw is None else CIMultiDict({"Content-Type": raw})
+    proxy = CIMultiDictProxy(headers)
+    assert _content_type(proxy) == _Headers(proxy).content_type
+
+
+@pytest.mark.parametrize(
+    "names",
+    [
+        ("Content-Type", "Content-Length", "Date", "Server"),
+        ("content-type", "Server-Timing"),
+        ("SERVER-TIMING",),
+        ("Location", "Date"),
+        ("x-Queue-Time",),
+        ("X-Prompt-Tokens", "x-generated-tokens"),
+        ("Server-Timings", "Locations", "x-queue"),
+        (),
+    ],
+)
+@pytest.mark.parametrize("caseless_set_ops", [True, False])
+def test_header_prefilter_says_what_the_per_header_loop_notes(
+    names: tuple[str, ...], caseless_set_ops: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both ways of asking: the keys view's set test, and (for a multidict older than 6.3
+    without its C extension, whose view compares names as written) one test per name."""
+    monkeypatch.setattr(_consume, "_CASELESS_SET_OPS", caseless_set_ops)
+    headers = CIMultiDictProxy(CIMultiDict([(name, "1") for name in names]))
+    state = RequestState(Recorder("GET", "http://h/", start_ns=0))
+    note_server_headers(state, headers.items())
+    noted = bool(state.recorder.attributes) or state.location is not None
+    assert notes_any(headers) is noted
 
 
 async def test_a_parser_resume_is_not_counted_as_a_read() -> None:

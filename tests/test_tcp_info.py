@@ -97,6 +97,17 @@ async def test_a_request_carries_the_connection_readings_into_its_exports() -> N
     )  # fmt: skip
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="TCP_INFO is Linux's")
+async def test_a_connection_its_response_closed_has_no_end_reading() -> None:
+    """The end reading is taken while aiohttp still holds the connection's transport: one
+    closed with its response (no keep-alive) keeps its set-up reading only."""
+    async with LLMServer() as llm:
+        async with la.Client(llm.url, keepalive=False) as client:
+            wf = await client.request("/health")
+    assert wf.ok and wf.connection.requests_before == 0
+    assert wf.tcp_connect is not None and wf.tcp_end is None
+
+
 def test_a_waterfall_without_readings_serialises_as_before() -> None:
     wf = la.Waterfall(root=la.Span("request", 0, 10), method="GET", url="http://x/")
     assert "tcp_connect" not in wf.to_dict() and "tcp_end" not in wf.to_dict()

@@ -2,7 +2,7 @@
 
 The Recorder's waterfall is compared field by field in ``test_lean_path``; these are the
 smaller records built the same way on every request: TCP_INFO readings, the connection's
-place in the pool, the trace context sent.
+place in the pool, the trace context sent, the aiohttp timeout of the time left.
 """
 
 from __future__ import annotations
@@ -11,8 +11,11 @@ import dataclasses
 import random
 import struct
 
+import aiohttp
+import attrs
 import pytest
 
+from latency_analyzer.capture._build import _client_timeout
 from latency_analyzer.capture._tcpinfo import _FIELDS, decode_tcp_info
 from latency_analyzer.capture.propagation import TraceContext, inject
 from latency_analyzer.timeline import ConnectionInfo, Span, TcpInfo
@@ -63,13 +66,40 @@ def test_connection_info_and_span_built_in_slots_equal_the_constructor() -> None
 
 
 def test_trace_context_of_a_new_trace_equals_the_constructor() -> None:
-    random.seed(5)
-    ctx = inject({})
-    random.seed(5)
-    trace = f"{random.getrandbits(128) or 1:032x}"
-    span = f"{random.getrandbits(64):016x}"
-    assert type(ctx) is TraceContext and ctx == TraceContext(trace, span)
-    assert hash(ctx) == hash(TraceContext(trace, span))
+    padded = 0
+    for seed in range(64):  # ids with leading zero digits among them: padded as ``:032x`` pads
+        random.seed(seed)
+        headers: dict[str, str] = {}
+        ctx = inject(headers)
+        random.seed(seed)
+        trace = f"{random.getrandbits(128) or 1:032x}"
+        span = f"{random.getrandbits(64):016x}"
+        assert type(ctx) is TraceContext and ctx == TraceContext(trace, span)
+        assert hash(ctx) == hash(TraceContext(trace, span))
+        assert headers == {"traceparent": f"00-{trace}-{span}-01"}
+        padded += trace.startswith("0") + span.startswith("0")
+    assert padded
+
+
+def test_trace_context_under_a_callers_parent_equals_the_constructor() -> None:
+    headers = {"traceparent": f"00-{'1' * 32}-{'2' * 16}-00"}
+    ctx = inject(headers)
+    checked = TraceContext("1" * 32, ctx.span_id, "2" * 16, sampled=False)
+    assert type(ctx) is TraceContext and ctx == checked and hash(ctx) == hash(checked)
+    assert headers["traceparent"] == f"00-{'1' * 32}-{ctx.span_id}-00" == ctx.traceparent
+
+
+@pytest.mark.parametrize("total", [0.0, 0.25, 59.999_987, 3600.0])
+def test_client_timeout_built_in_slots_equals_the_constructor(total: float) -> None:
+    built = _client_timeout(total)
+    checked = aiohttp.ClientTimeout(total=total, ceil_threshold=1e9)
+    assert type(built) is aiohttp.ClientTimeout
+    # every field aiohttp defines is set, to the constructor's value
+    for field in attrs.fields(aiohttp.ClientTimeout):
+        assert getattr(built, field.name) == getattr(checked, field.name), field.name
+    assert built == checked and hash(built) == hash(checked)
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        built.total = 1.0  # type: ignore[misc]  # frozen: the point of the check
 
 
 def test_only_slotted_classes_get_a_twin() -> None:

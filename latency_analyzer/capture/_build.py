@@ -18,6 +18,7 @@ import aiohttp
 from .._version import __version__
 from ..errors import UsageError
 from ..timeline import Waterfall
+from ..timeline._unfrozen import unfrozen
 from ._state import now_ns
 
 _STREAM_BODY_OVER = 512 * 1024
@@ -73,6 +74,23 @@ def _left(deadline_ns: int) -> float:
     return max(0.0, (deadline_ns - now_ns()) / 1e9)
 
 
+_OpenClientTimeout = unfrozen(aiohttp.ClientTimeout)
+
+
+def _client_timeout(total: float) -> aiohttp.ClientTimeout:
+    """``ClientTimeout(total=total, ceil_threshold=1e9)``: aiohttp's own timer for the time a
+    request has left, exact (above ``ceil_threshold`` aiohttp rounds a timeout up to the next
+    whole second). Built in its slots: the frozen attrs ``__init__`` sets its five fields one
+    call at a time, and every request needs one of its own."""
+    timer = object.__new__(_OpenClientTimeout)
+    timer.total = total
+    timer.connect = timer.sock_read = timer.sock_connect = None
+    timer.ceil_threshold = 1e9
+    timer.__class__ = aiohttp.ClientTimeout
+    built: aiohttp.ClientTimeout = timer
+    return built
+
+
 def _path(parts: SplitResult) -> str:
     return (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
 
@@ -117,4 +135,11 @@ def _json_body(
 def _http_version(version: aiohttp.HttpVersion | None) -> str | None:
     if version is None:
         return None
-    return "2" if version.major == 2 else f"{version.major}.{version.minor}"
+    spelled = _VERSIONS.get(version)
+    if spelled is None:
+        spelled = "2" if version.major == 2 else f"{version.major}.{version.minor}"
+    return spelled
+
+
+# what nearly every response says, spelled once
+_VERSIONS = {aiohttp.HttpVersion11: "1.1", aiohttp.HttpVersion10: "1.0"}

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from multidict import CIMultiDict, MultiMapping
+
 from .._redact import redact_text, redact_url
 from ._state import RequestState
 from .openai import (
@@ -23,7 +25,7 @@ from .openai import (
     parse_openai_body,
 )
 
-__all__ = ["SERVER_HEADERS", "ResponseConsumer", "note_server_headers"]
+__all__ = ["SERVER_HEADERS", "ResponseConsumer", "note_server_headers", "notes_any"]
 
 #: Response headers in which servers report their own timings; kept on the waterfall as
 #: ``attributes["http.<name>"]`` (``latency_analyzer.merge.merge_headers`` reads them).
@@ -39,6 +41,24 @@ SERVER_HEADERS = frozenset(
         "x-generated-tokens",
     }
 )
+
+
+_NOTED = tuple(sorted(SERVER_HEADERS | {"location"}))
+
+# Set operations on a case-insensitive keys view match names case-insensitively since
+# multidict 6.3; before it, the pure-Python view (no C extension) compared them as written
+# and would have found no ``Location`` or ``Server-Timing`` in a response.
+_CASELESS_SET_OPS = not CIMultiDict([("A", "")]).keys().isdisjoint(("a",))
+
+
+def notes_any(headers: MultiMapping[str]) -> bool:
+    """Whether response headers ``headers`` (a case-insensitive multidict, as aiohttp's
+    are) would note anything (most say none), before the per-header loop of
+    :func:`note_server_headers`: one set test of the keys view, made in C, where multidict
+    makes it without regard to case, else a membership test per name."""
+    if _CASELESS_SET_OPS:
+        return not headers.keys().isdisjoint(_NOTED)
+    return any(map(headers.__contains__, _NOTED))
 
 
 def note_server_headers(state: RequestState, headers: Iterable[tuple[str, str]]) -> None:
@@ -57,21 +77,6 @@ def note_server_headers(state: RequestState, headers: Iterable[tuple[str, str]])
 
 _ERROR_BODY_CAP = 64 * 1024  # enough for any error message; the rest is read and dropped
 _JSON_BODY_CAP = 16 * 1024 * 1024
-
-
-class _Tokens:
-    """Turns cumulative per-chunk usage (vLLM continuous usage stats) into per-chunk counts."""
-
-    __slots__ = ("seen",)
-
-    def __init__(self) -> None:
-        self.seen = 0
-
-    def delta(self, cumulative: int | None) -> int | None:
-        if cumulative is None or cumulative <= self.seen:
-            return None
-        step, self.seen = cumulative - self.seen, cumulative
-        return step
 
 
 def _is_token(ev: Event) -> bool:
@@ -95,7 +100,7 @@ class ResponseConsumer:
         reason: the HTTP reason phrase, used when an error body says nothing.
     """
 
-    __slots__ = ("_body", "_cap", "_kind", "_parser", "_reason", "_state", "_status", "_tokens")
+    __slots__ = ("_body", "_cap", "_kind", "_parser", "_reason", "_seen", "_state", "_status")
 
     def __init__(
         self, state: RequestState, status: int, content_type: str, reason: str = ""
@@ -103,7 +108,7 @@ class ResponseConsumer:
         self._state = state
         self._status = status
         self._reason = reason
-        self._tokens = _Tokens()
+        self._seen = 0  # the cumulative completion tokens of the chunks so far (_delta)
         self._body = bytearray()
         self._parser: OpenAIStreamParser | None = None
         if status >= 400:
@@ -149,6 +154,14 @@ class ResponseConsumer:
         elif self._kind == "json" and b'"choices"' in self._body:  # a completion, not any JSON
             self._apply(parse_openai_body(bytes(self._body), time_ns), per_chunk_usage=False)
 
+    def _delta(self, cumulative: int | None) -> int | None:
+        """A chunk's own token count from cumulative per-chunk usage (vLLM's continuous
+        usage stats): what it adds to the chunks before it, None when it adds nothing."""
+        if cumulative is None or cumulative <= self._seen:
+            return None
+        step, self._seen = cumulative - self._seen, cumulative
+        return step
+
     def _apply(self, events: list[Event], per_chunk_usage: bool = True) -> None:
         state = self._state
         rec = state.recorder
@@ -161,14 +174,14 @@ class ResponseConsumer:
                     if cumulative is None or not per_chunk_usage:
                         rec.chunk(ev.time_ns, len(content) + len(ev.reasoning))
                     else:
-                        known = self._tokens.delta(cumulative)
+                        known = self._delta(cumulative)
                         rec.chunk(ev.time_ns, len(content) + len(ev.reasoning), known)
                     if answer is not None:
                         answer.append(content)
                 elif ev.reasoning:  # carries_token: reasoning alone (it is there: a token came)
                     cumulative = ev.completion_tokens
                     known = (
-                        self._tokens.delta(cumulative)
+                        self._delta(cumulative)
                         if per_chunk_usage and cumulative is not None
                         else None
                     )

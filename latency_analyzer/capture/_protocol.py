@@ -18,7 +18,8 @@ from aiohttp.client_proto import ResponseHandler
 from ..timeline import TcpInfo, TlsInfo
 from ._hold import Hold
 from ._state import RequestState, now_ns
-from ._wire import WireStamps, wire_of
+from ._tcpinfo import read_tcp_info, tcp_info_of
+from ._wire import StampedSocket, WireStamps, stamped_socket_of
 from .http2 import HandoffToHTTP2
 
 __all__ = ["TimedProtocol"]
@@ -29,11 +30,24 @@ _connection_ids = itertools.count(1)
 class _TimedTransport:
     """Delegates to the real transport; notes when request bytes are written."""
 
-    __slots__ = ("_proto", "_transport")
+    __slots__ = (
+        "_proto",
+        "_transport",
+        "get_extra_info",
+        "is_closing",
+        "pause_reading",
+        "resume_reading",
+    )
 
     def __init__(self, transport: asyncio.Transport, proto: TimedProtocol) -> None:
         self._transport = transport
         self._proto = proto
+        # aiohttp calls these on every read or release: the transport's own bound methods,
+        # so a call costs no frame of ours (nor a __getattr__ lookup)
+        self.is_closing: Callable[[], bool] = transport.is_closing
+        self.pause_reading: Callable[[], None] = transport.pause_reading
+        self.resume_reading: Callable[[], None] = transport.resume_reading
+        self.get_extra_info: Callable[..., Any] = transport.get_extra_info
 
     def write(self, data: Any) -> None:
         hold = self._proto.hold
@@ -64,19 +78,6 @@ class _TimedTransport:
         self._transport.writelines(chunks)
         self._proto.after_write(before, self._transport.get_write_buffer_size())
 
-    # aiohttp calls these on every read or release: direct methods, not __getattr__ lookups
-    def is_closing(self) -> bool:
-        return self._transport.is_closing()
-
-    def pause_reading(self) -> None:
-        self._transport.pause_reading()
-
-    def resume_reading(self) -> None:
-        self._transport.resume_reading()
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return self._transport.get_extra_info(name, default)
-
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
 
@@ -99,6 +100,8 @@ class TimedProtocol(ResponseHandler):
         self.tls: TlsInfo | None = None  # what the handshake settled, for every request it carries
         self.tcp_connect: TcpInfo | None = None  # the kernel's TCP_INFO once set up
         self.wire: WireStamps | None = None  # the socket's read and send stamps
+        self.sock: StampedSocket | None = None  # the socket under the transport, if ours
+        self.idle_poll: tuple[int, Any] | None = None  # (fd, poll object) of ._stale, once made
         self.last_write_ns = 0
         self.backlog = False
         self._marks: list[tuple[int, int]] = []  # (body bytes received so far, arrival ns)
@@ -110,7 +113,8 @@ class TimedProtocol(ResponseHandler):
 
     # -- connection --
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.wire = wire = wire_of(transport)
+        self.sock = sock = stamped_socket_of(transport)
+        self.wire = wire = None if sock is None else sock.wire
         self.made_user_ns = now_ns()
         # over TLS, the read whose callback completed the handshake is the last one
         stamped = wire is not None and wire.read_user_ns
@@ -139,8 +143,9 @@ class TimedProtocol(ResponseHandler):
         self.backlog = False
         self._marks = []
         self._marked_payload = None
-        if self.wire is not None:
-            self.wire.mark_request()
+        wire = self.wire
+        if wire is not None:
+            wire.first_send_ns = None  # WireStamps.mark_request, inline: every request
 
     def detach(self) -> None:
         hold, self.hold = self.hold, None
@@ -148,6 +153,14 @@ class TimedProtocol(ResponseHandler):
             hold.drop()
         self.state = None
         self.requests_served += 1
+
+    def tcp_info(self) -> TcpInfo | None:
+        """A ``TCP_INFO`` reading of the connection now (None once it is closed, or once
+        aiohttp let go of its transport: a connection closed after its response)."""
+        transport, sock = self.transport, self.sock
+        if transport is None or sock is None:
+            return tcp_info_of(transport)
+        return read_tcp_info(sock)
 
     # -- request bytes --
     def after_write(self, before_ns: int, buffered: int) -> None:
@@ -163,7 +176,10 @@ class TimedProtocol(ResponseHandler):
             first = wire.first_send_ns if wire is not None else None
             state.begin("send", before_ns if first is None else first)
         self.backlog = buffered > 0
-        self.last_write_ns = _sent_ns(wire)
+        # the entry of the latest send syscall (as _sent_ns, inline: every request writes)
+        self.last_write_ns = (
+            wire.send_start_ns if wire is not None and wire.send_start_ns else now_ns()
+        )
 
     def resume_writing(self) -> None:
         if self.backlog:  # the last request bytes just left our buffer

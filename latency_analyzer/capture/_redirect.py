@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urljoin, urlsplit, urlunsplit
 
 from .._redact import is_secret_name, redact_url
@@ -25,9 +24,9 @@ REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 _BODY_HEADERS = ("content-type", "content-length", "content-encoding", "transfer-encoding")
 
 
-@dataclass(frozen=True)
-class Hop:
-    """One request of a redirect chain, as it will be sent."""
+class Hop(NamedTuple):
+    """One request of a redirect chain, as it will be sent (a named tuple: every request
+    makes one, and a tuple is built in one call where a frozen dataclass sets each field)."""
 
     method: str
     url: str

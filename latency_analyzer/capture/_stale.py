@@ -49,23 +49,34 @@ _NOT_BROKEN = (aiohttp.ClientConnectorError, aiohttp.ServerTimeoutError)
 
 def peer_closed(proto: Any) -> bool:
     """True when an idle pooled connection's socket has something to read: the peer's FIN or
-    RST, or bytes no request asked for. Either way it cannot carry another request."""
+    RST, or bytes no request asked for. Either way it cannot carry another request.
+
+    Asked at every checkout of a reused connection: the poll object registered for the
+    socket is made once and kept on the protocol (``idle_poll``) with the descriptor it
+    watches, which is checked again each time."""
     transport = proto.transport
-    sock = transport.get_extra_info("socket") if transport is not None else None
-    if sock is None:
+    if transport is None:
         return False
+    sock = proto.sock
+    if sock is None:  # a socket not of ours: the transport's view of it
+        sock = transport.get_extra_info("socket")
+        if sock is None:
+            return False
     try:
         fd = sock.fileno()
     except OSError:
         return True
     if fd < 0:
         return True
-    if hasattr(select, "poll"):
+    if not hasattr(select, "poll"):
+        readable, _, _ = select.select([fd], [], [], 0)
+        return bool(readable)
+    kept = proto.idle_poll
+    if kept is None or kept[0] != fd:
         poller = select.poll()
         poller.register(fd, select.POLLIN)
-        return bool(poller.poll(0))
-    readable, _, _ = select.select([fd], [], [], 0)
-    return bool(readable)
+        proto.idle_poll = kept = (fd, poller)
+    return bool(kept[1].poll(0))
 
 
 def note_discarded(state: RequestState, count: int) -> None:

@@ -11,15 +11,25 @@ from __future__ import annotations
 import asyncio
 import io
 import ssl as _ssl
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from typing import Any
 
 import aiohttp
+from aiohttp import hdrs
+from aiohttp.helpers import parse_content_type
 
 from ..errors import UsageError
 from ..timeline._info import connection_info
-from ._build import _h2_request_parts, _h2_target, _http_version, _json_body, _left, _origin
-from ._consume import ResponseConsumer, note_server_headers
+from ._build import (
+    _client_timeout,
+    _h2_request_parts,
+    _h2_target,
+    _http_version,
+    _json_body,
+    _left,
+    _origin,
+)
+from ._consume import ResponseConsumer, note_server_headers, notes_any
 from ._hold import SendSchedule
 from ._stale import restart, retry_allowed
 from ._state import RequestState, now_ns
@@ -100,7 +110,7 @@ class ClientTransport:
             return "require"
         return "prefer" if self.http2 is None and scheme == "https" else None
 
-    async def _route(
+    def _route(
         self,
         state: RequestState,
         method: str,
@@ -109,12 +119,32 @@ class ClientTransport:
         data: bytes | str | None,
         headers: Mapping[str, str] | None,
         limit: float,
-    ) -> None:
-        """HTTP/2 on a pooled connection when there is one, else dial (and maybe hand over)."""
+    ) -> Coroutine[Any, Any, None]:
+        """HTTP/2 on a pooled connection when there is one, else dial (and maybe hand over).
+
+        A request that may only travel on HTTP/1.1 is the exchange itself: no coroutine of
+        this method's own runs between the caller and aiohttp.
+        """
         scheme, origin = _origin(url)
         state.h2_mode = self._h2_mode(scheme)
         deadline = state.recorder.start_ns + int(limit * 1e9)
-        while state.h2_mode is not None and origin not in self._h2.http1_origins:
+        if state.h2_mode is None:
+            return self._exchange(state, method, url, json, data, headers, deadline)
+        return self._route_h2(state, origin, method, url, json, data, headers, deadline)
+
+    async def _route_h2(
+        self,
+        state: RequestState,
+        origin: str,
+        method: str,
+        url: str,
+        json: Any,
+        data: bytes | str | None,
+        headers: Mapping[str, str] | None,
+        deadline: int,
+    ) -> None:
+        """``_route`` for a request HTTP/2 may carry."""
+        while origin not in self._h2.http1_origins:
             conn = self._h2.get(origin)
             if conn is not None:
                 await self._h2_exchange(state, conn, method, url, json, data, headers, deadline)
@@ -126,7 +156,7 @@ class ClientTransport:
                 state.begin("pool_wait", now_ns())
             await asyncio.wait_for(asyncio.shield(dialling), _left(deadline))
         # a pool_wait still open (waiting on another request's dial) goes on in the connector
-        dialler = state.h2_mode is not None and origin not in self._h2.http1_origins
+        dialler = origin not in self._h2.http1_origins
         if dialler:
             self._h2.begin_dial(origin)
             # settled as soon as ALPN is known, not when this request's body ends: others
@@ -138,16 +168,7 @@ class ClientTransport:
             dial = _H2Dial(self, state, origin, method, url, json, data, headers)
             state.h2_open, state.h2_prepare = dial.open, dial.prepare
         try:
-            # aiohttp's own timeout (no extra task per request), for the time left, exact
-            # (above ceil_threshold aiohttp rounds a timeout up to the next whole second)
-            try:
-                await self._exchange(state, method, url, json, data, headers, deadline)
-            except Exception as exc:  # a broken reused connection, or re-raised as it was
-                failed_at = now_ns()
-                if not retry_allowed(state, exc) or _left(deadline) <= 0:  # 0: no timer at all
-                    raise
-                restart(state, exc, failed_at)  # once, on the pool's next connection; attempt kept
-                await self._exchange(state, method, url, json, data, headers, deadline)
+            await self._exchange(state, method, url, json, data, headers, deadline)
         except HandoffToHTTP2 as handoff:
             dialler = False
             if handoff.conn is None:  # the connector did not open it
@@ -210,36 +231,63 @@ class ClientTransport:
         method: str,
         url: str,
         json: Any,
-        data: bytes | str | io.BytesIO | None,
+        data: bytes | str | None,
         headers: Mapping[str, str] | None,
         deadline: int,
     ) -> None:
+        """The request on HTTP/1.1 (aiohttp), sent once more on the pool's next connection
+        when a reused one broke before any response byte (the rules of ._stale)."""
         session = self._session or self._open()  # request() checked the client is usable
-        # aiohttp's own timeout (no extra task per request), for the time left, exact
-        # (above ceil_threshold aiohttp rounds a timeout up to the next whole second)
-        timer = aiohttp.ClientTimeout(total=_left(deadline), ceil_threshold=1e9)
-        if json is not None:
-            data, headers = _json_body(json, headers)
-        async with session.request(
-            method, url, data=data, headers=headers, timeout=timer, allow_redirects=False
-        ) as resp:
-            rec = state.recorder
-            rec.status = resp.status
-            rec.http_version = _http_version(resp.version)
-            proto: TimedProtocol = state.protocol
-            note_server_headers(state, resp.headers.items())
-            consumer = ResponseConsumer(state, resp.status, resp.content_type, resp.reason or "")
-            offset = 0
-            async for data in resp.content.iter_any():
-                if consumer.wants_arrival_times:
-                    for piece, t in proto.arrivals(offset, data):
-                        consumer.feed(piece, t)
-                    offset += len(data)
-                    proto.forget_marks_before(offset)
-                else:
-                    consumer.feed(data, 0)
-            consumer.close(state.body_end_ns or now_ns())
-            rec.tcp_end = tcp_info_of(proto.transport)
+        retried = False
+        while True:
+            try:
+                # aiohttp's own timeout (no extra task per request), for the time left, exact
+                timer = _client_timeout(_left(deadline))
+                body: bytes | str | io.BytesIO | None = data
+                fields = headers
+                if json is not None:  # encoded for each attempt: a stream is read only once
+                    body, fields = _json_body(json, headers)
+                async with session.request(
+                    method, url, data=body, headers=fields, timeout=timer, allow_redirects=False
+                ) as resp:
+                    rec = state.recorder
+                    rec.status = resp.status
+                    rec.http_version = _http_version(resp.version)
+                    proto: TimedProtocol = state.protocol
+                    if notes_any(resp.headers):
+                        note_server_headers(state, resp.headers.items())
+                    consumer = ResponseConsumer(
+                        state, resp.status, _content_type(resp.headers), resp.reason or ""
+                    )
+                    offset = 0
+                    content = resp.content
+                    streamed = consumer.wants_arrival_times  # asked once, not at every read
+                    # ``iter_any()`` without its iterator: one coroutine less per read, and
+                    # no StopAsyncIteration raised at the end (b"" ends both)
+                    while chunk := await content.readany():
+                        if streamed:
+                            for piece, t in proto.arrivals(offset, chunk):
+                                consumer.feed(piece, t)
+                            offset += len(chunk)
+                            proto.forget_marks_before(offset)
+                        else:
+                            consumer.feed(chunk, 0)
+                    consumer.close(state.body_end_ns or now_ns())
+                    rec.tcp_end = proto.tcp_info()
+                return
+            except Exception as exc:  # a broken reused connection, or re-raised as it was
+                failed_at = now_ns()
+                if retried or not retry_allowed(state, exc) or _left(deadline) <= 0:
+                    raise  # 0 left: no timer at all for a retry
+                restart(state, exc, failed_at)  # once, on the pool's next connection; attempt kept
+                retried = True
+
+
+def _content_type(headers: Mapping[str, str]) -> str:
+    """``ClientResponse.content_type`` from aiohttp's own (cached) parse of the header,
+    without the property's copy of the parameters, which are not read here."""
+    raw = headers.get(hdrs.CONTENT_TYPE)
+    return "application/octet-stream" if raw is None else parse_content_type(raw)[0]
 
 
 class _H2Dial:

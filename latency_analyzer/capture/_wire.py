@@ -40,7 +40,7 @@ from typing import Any
 
 from ..timeline import process_anchor
 
-__all__ = ["StampedSocket", "WireStamps", "kernel_stamps_supported", "wire_of"]
+__all__ = ["StampedSocket", "WireStamps", "kernel_stamps_supported", "stamped_socket_of", "wire_of"]
 
 _now = time.perf_counter_ns
 
@@ -104,6 +104,7 @@ class WireStamps:
     """
 
     __slots__ = (
+        "_perf_minus_epoch",
         "connect_ns",
         "connected_ns",
         "first_send_ns",
@@ -127,6 +128,9 @@ class WireStamps:
         self.sent_ns = 0
         self.connect_ns: int | None = None
         self.connected_ns: int | None = None
+        # the process anchor's ``to_perf_ns`` as one addition (the same integers)
+        anchor = process_anchor()
+        self._perf_minus_epoch = anchor.perf_ns - anchor.epoch_ns
 
     def mark_request(self) -> None:
         """A new request starts on this socket: its first send is stamped afresh."""
@@ -142,7 +146,7 @@ class WireStamps:
                 if unpack is not None:
                     sec, nsec = unpack.unpack(data)
                     epoch = sec * 1_000_000_000 + nsec
-                    self.read_kernel_ns = process_anchor().to_perf_ns(epoch)
+                    self.read_kernel_ns = epoch + self._perf_minus_epoch
                     self.read_stamped = True
                     return
         self.read_kernel_ns, self.read_stamped = user_ns, False  # the kernel gave none
@@ -151,17 +155,23 @@ class WireStamps:
 _by_fd: weakref.WeakValueDictionary[int, StampedSocket] = weakref.WeakValueDictionary()
 
 
-def wire_of(transport: Any) -> WireStamps | None:
-    """The stamps of the socket under ``transport`` (through TLS too), if it is ours."""
+def stamped_socket_of(transport: Any) -> StampedSocket | None:
+    """The socket under ``transport`` (through TLS too), if it is ours: the object asyncio
+    reads and writes, not the ``TransportSocket`` view the ``socket`` extra gives."""
     if transport is None:
         return None
     sock = transport.get_extra_info("socket")
     if sock is None:
         return None
     try:
-        found = _by_fd.get(sock.fileno())
+        return _by_fd.get(sock.fileno())
     except OSError:  # closed already
         return None
+
+
+def wire_of(transport: Any) -> WireStamps | None:
+    """The stamps of the socket under ``transport`` (through TLS too), if it is ours."""
+    found = stamped_socket_of(transport)
     return None if found is None else found.wire
 
 

@@ -26,7 +26,7 @@ from ._state import CURRENT, RequestState, TraceHook, now_ns
 from ._tcpinfo import tcp_info_of
 from ._transport import ClientTransport
 from .http2 import H2Pool
-from .propagation import inject
+from .propagation import _inject_ids
 
 __all__ = ["Client", "aprobe", "probe", "redact_url"]
 
@@ -186,7 +186,7 @@ class Client(ClientTransport):
             hop = nxt
             remember_request(hop.url, hop.headers)
             wf, location = await self._hop(hop, timeout, None, now_ns(), on_cancel, answer)
-        return with_chain(wf, before)
+        return with_chain(wf, before) if before else wf
 
     async def _hop(
         self,
@@ -206,10 +206,12 @@ class Client(ClientTransport):
         )
         state = RequestState(recorder, self._trace)
         state.answer, state.hold = answer, hold
-        context = inject(sent)  # W3C traceparent: how server spans find this request
-        recorder.attributes.update({"trace_id": context.trace_id, "span_id": context.span_id})
-        if context.parent_span_id:
-            recorder.attributes["parent_span_id"] = context.parent_span_id
+        # W3C traceparent: how server spans find this request
+        trace_id, span_id, parent_span_id, _ = _inject_ids(sent)
+        attributes = recorder.attributes
+        attributes["trace_id"], attributes["span_id"] = trace_id, span_id
+        if parent_span_id:
+            attributes["parent_span_id"] = parent_span_id
         headers = sent
         token = CURRENT.set(state)
         cancelled = False

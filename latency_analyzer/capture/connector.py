@@ -76,29 +76,29 @@ class TimedConnector(TCPConnector):
         if not state.recorder.is_open("pool_wait"):  # else: already waiting on another's dial
             state.begin("pool_wait", now_ns())
         conn = await super().connect(req, traces, timeout)
+        proto: Any = conn.protocol  # a TimedProtocol: this connector's factory makes them
         stale = 0
         # a pooled connection the server closed while idle, its FIN not read yet (._stale):
         # closed unused, the next one taken; each turn takes one out of the pool
-        while cast(TimedProtocol, conn.protocol).requests_served and peer_closed(conn.protocol):
+        while proto.requests_served and peer_closed(proto):
             stale += 1
             conn.close()
             conn = await super().connect(req, traces, timeout)
+            proto = conn.protocol
         if stale:
             note_discarded(state, stale)
-        if state.recorder.is_open("pool_wait"):  # reused: no new connection was opened
+        rec = state.recorder
+        if rec.is_open("pool_wait"):  # reused: no new connection was opened
             state.end("pool_wait", now_ns())
-        proto = cast(TimedProtocol, conn.protocol)
-        if proto.peer is None:  # once per connection, not per request
-            proto.peer = _peer(proto)
-        state.recorder.connection = connection_info(
-            not state.recorder.has("connect"),
-            proto.connection_id,
-            proto.peer,
-            proto.requests_served,
+        peer = proto.peer
+        if peer is None:  # once per connection, not per request
+            proto.peer = peer = _peer(proto)
+        rec.connection = connection_info(
+            not rec.has("connect"), proto.connection_id, peer, proto.requests_served
         )
         if proto.tls is not None:
-            state.recorder.tls = proto.tls  # reused connections report the TLS they travel on
-        state.recorder.tcp_connect = proto.tcp_connect
+            rec.tls = proto.tls  # reused connections report the TLS they travel on
+        rec.tcp_connect = proto.tcp_connect
         proto.attach(state)
         state.protocol = proto
         return conn

@@ -87,28 +87,30 @@ def inject(headers: MutableMapping[str, str]) -> TraceContext:
     Returns:
         The ids sent, to record on the waterfall.
     """
+    # built in its slots: the frozen field-by-field __init__ costs more than the rest
+    ctx = _new(_OpenTraceContext)
+    ctx.trace_id, ctx.span_id, ctx.parent_span_id, ctx.sampled = _inject_ids(headers)
+    ctx.__class__ = TraceContext
+    built: TraceContext = ctx
+    return built
+
+
+def _inject_ids(headers: MutableMapping[str, str]) -> tuple[str, str, str | None, bool]:
+    """:func:`inject`, the ids as a tuple: ``(trace_id, span_id, parent_span_id, sampled)``
+    (what the Client records on every request, without a TraceContext to hold them)."""
     parent = _caller_context(headers) if headers else None
     if parent is None:
         # a new sampled trace: the header is written here, as the propagator would write it
         # (``00-<trace>-<span>-01``, no ``tracestate``), without building a context for it
-        trace_hex = f"{_getrandbits(128) or 1:032x}"
-        span_hex = f"{_new_span_id():016x}"
+        # lowercase hex, zero-padded: what ``:032x``/``:016x`` give, without parsing a spec
+        trace_hex = (_getrandbits(128) or 1).to_bytes(16, "big").hex()
+        span_hex = _new_span_id().to_bytes(8, "big").hex()
         headers["traceparent"] = f"00-{trace_hex}-{span_hex}-01"
-        # built in its slots: the frozen field-by-field __init__ costs more than the rest
-        ctx = _new(_OpenTraceContext)
-        ctx.trace_id, ctx.span_id, ctx.parent_span_id, ctx.sampled = trace_hex, span_hex, None, True
-        ctx.__class__ = TraceContext
-        built: TraceContext = ctx
-        return built
+        return trace_hex, span_hex, None, True
     trace_id, flags, state = parent.trace_id, parent.trace_flags, parent.trace_state
     span_id = _new_span_id()
     context = trace.SpanContext(
         trace_id, span_id, is_remote=False, trace_flags=flags, trace_state=state
     )
     _PROPAGATOR.inject(headers, context=trace.set_span_in_context(trace.NonRecordingSpan(context)))
-    return TraceContext(
-        trace_id=f"{trace_id:032x}",
-        span_id=f"{span_id:016x}",
-        parent_span_id=f"{parent.span_id:016x}",
-        sampled=flags.sampled,
-    )
+    return f"{trace_id:032x}", f"{span_id:016x}", f"{parent.span_id:016x}", flags.sampled

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..errors import UsageError
 from ._clock import ClockAnchor, process_anchor
-from ._span import _NO_ATTRIBUTES, AttrValue, Span, prechecked_span
+from ._span import _NO_ATTRIBUTES, AttrValue, Span, _OpenSpan, prechecked_span
 from ._stages import CLIENT_STAGES, ROOT_NAME
 from ._tcpinfo import TcpInfo
 from ._tokens import (
@@ -72,6 +72,40 @@ class Recorder:
     except the process anchor.
     """
 
+    # slotted: every request makes one, and thirty attributes fill an instance dict
+    __slots__ = (
+        "_chunks",
+        "_closed",
+        "_empty",
+        "_finished",
+        "_kernel_reads",
+        "_lags",
+        "_open",
+        "_refused",
+        "_shared",
+        "_spans",
+        "_user_reads",
+        "anchor",
+        "attributes",
+        "connection",
+        "error",
+        "error_type",
+        "headers_ns",
+        "http_version",
+        "intended_start_ns",
+        "interrupted",
+        "method",
+        "multi_event_reads",
+        "start_ns",
+        "status",
+        "tcp_connect",
+        "tcp_end",
+        "tls",
+        "url",
+        "usage_completion",
+        "usage_prompt",
+    )
+
     def __init__(
         self,
         method: str,
@@ -134,8 +168,18 @@ class Recorder:
             raise UsageError(f"stage {name!r} was not begun") from None
         if attrs:
             opened.update(attrs)
-        # ``opened`` was made for this stage (``begin``): the span wraps it, no copy
-        self._spans.append(_span(name, start, t_ns if t_ns > start else start, opened))
+        # what _span/prechecked_span build, inline (every stage of every request ends here):
+        # the end is clamped to the start, so nothing is left to check; ``opened`` was made
+        # for this stage (``begin``): the span wraps it, no copy
+        span = _new(_OpenSpan)
+        span.name = name
+        span.start_ns = start
+        span.end_ns = t_ns if t_ns > start else start
+        span.source = "client"
+        span.attributes = MappingProxyType(opened) if opened else _NO_ATTRIBUTES
+        span.children = ()
+        span.__class__ = Span
+        self._spans.append(span)
         self._closed.add(name)
 
     def move_start(self, name: str, t_ns: int) -> None:
@@ -252,23 +296,38 @@ class Recorder:
         if self._finished:
             raise UsageError("this recorder already finished")
         self._finished = True
-        for name in list(self._open):
-            self.end(name, t_ns, interrupted=self.interrupted)
-        if self.headers_ns is not None:
-            self._clip_send(self.headers_ns)
+        if self._open:
+            for name in list(self._open):
+                self.end(name, t_ns, interrupted=self.interrupted)
+        headers_ns = self.headers_ns
+        if headers_ns is not None:  # a send past the headers is rare: looked for inline
+            for span in self._spans:
+                if span.name == "send" and span.end_ns > headers_ns:
+                    self._clip_send(headers_ns)
+                    break
         end_ns = t_ns
         for span in self._spans:
             if span.end_ns > end_ns:
                 end_ns = span.end_ns
-        spans = [*self._lag_span(), *self._spans, *self._response_spans(end_ns)]
+        if self.intended_start_ns is None:  # no schedule: no schedule_lag (nearly always)
+            spans = [*self._spans, *self._response_spans(end_ns)]
+        else:
+            spans = [*self._lag_span(), *self._spans, *self._response_spans(end_ns)]
         # a request a scheduler started early (clock conversion, a few µs) starts when it did
         intended = self.intended_start_ns
         root_start = self.start_ns if intended is None else min(self.start_ns, intended)
         if end_ns < root_start:
             raise UsageError(f"span {ROOT_NAME!r} ends before it starts ({root_start} > {end_ns})")
-        root = prechecked_span(
-            ROOT_NAME, root_start, end_ns, "client", _NO_ATTRIBUTES, _in_start_order(spans)
-        )
+        # _in_start_order, inline: the spans nearly always are in start order already
+        previous = spans[0].start_ns if spans else 0
+        for span in spans:
+            if previous > span.start_ns:
+                children = _in_start_order(spans)
+                break
+            previous = span.start_ns
+        else:
+            children = tuple(spans)
+        root = prechecked_span(ROOT_NAME, root_start, end_ns, "client", _NO_ATTRIBUTES, children)
         chunks = self._chunks
         if chunks or self.usage_completion is not None:
             times, tokens, n_out, source = self._token_counts()
@@ -307,8 +366,11 @@ class Recorder:
         wf.tcp_connect = self.tcp_connect
         wf.tcp_end = self.tcp_end
         self._set_read_fields(wf)
-        wf.first_chunk_ns = self._empty_before(times[0] if times else None)
-        wf.last_chunk_ns = self._empty_after(times[-1] if times else None)
+        if self._empty is None:  # no empty-text token chunk: what the two below give
+            wf.first_chunk_ns = wf.last_chunk_ns = None
+        else:
+            wf.first_chunk_ns = self._empty_before(times[0] if times else None)
+            wf.last_chunk_ns = self._empty_after(times[-1] if times else None)
         # after the read fields, which may add a note; copied: the Recorder's dict stays its own
         wf.attributes = MappingProxyType(dict(self.attributes))
         wf.__class__ = Waterfall
@@ -366,7 +428,10 @@ class Recorder:
 
     def _response_spans(self, end_ns: int) -> list[Span]:
         """wait / first_token / decode / tail from the response marks."""
-        send_end = self.span_end("send")
+        send_end = None  # span_end("send"), inline
+        for span in self._spans:
+            if span.name == "send":
+                send_end = span.end_ns
         if send_end is None:
             return []
         failed: dict[str, AttrValue] | None = {"interrupted": True} if self.interrupted else None
