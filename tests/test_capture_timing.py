@@ -326,12 +326,17 @@ async def test_round_trip_delay_shows_in_tls_and_wait(ca: TestCA, server_pem: Pa
             hold_each(f"tls end, delay {delay}", tls_ends, LOOPBACK_NS, steal)
             # the SYN/ACK comes from the local proxy, at once, as the wire shows: connect
             # holds none of the delayed path (how soon a busy host returns from the connect
-            # syscall is the client's own time, which this test does not measure)
+            # syscall is the client's own time, which this test does not measure). Both
+            # stamps are the kernel's own, so this is the test bed's property, not the
+            # client's: at the median within loopback time, and every one far inside the
+            # one-way delay (the kernel defers a handshake's softirq by up to ~1 ms now and
+            # then, seen in a quiet run as 3 of 10 SYN/ACKs 0.75-1.12 ms after their SYN)
             synacks = []
             for h in found:
                 assert h.synack_ns is not None
                 synacks.append(h.synack_ns - h.syn_ns)
-            hold_each(f"SYN to SYN/ACK, delay {delay}", synacks, LOOPBACK_NS, steal)
+            assert statistics.median(synacks) <= LOOPBACK_NS, (delay, synacks)
+            assert max(synacks) < one_way * 1e9 / 2, (delay, synacks)
             tls_medians[delay] = _median(wfs, "tls")
             # wait on the wire: from the request's last segment leaving (the last the client
             # sent before the server read it) to the segment that ended the read of the
