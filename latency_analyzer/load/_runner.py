@@ -21,8 +21,8 @@ when the last concurrent run ends): a full collection scans every object the pro
 and in a process that has imported numpy and aiohttp and kept earlier runs' results that took
 20-70 ms, with the loop stopped, in the middle of a run (measured in a search's fifth probe:
 pacer lag P99 23-42 ms, one request 100 ms late). Collections during the run then scan only
-what the run made. A run that picks its own start collects first, in the lead before its t0;
-one given a common start (a worker) does not, so as not to be late to it.
+what the run made. A run that picks its own start collects first, before its first request is
+due; one given a common start (a worker) does not, so as not to be late to it.
 """
 
 from __future__ import annotations
