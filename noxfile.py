@@ -9,7 +9,8 @@ import tempfile
 
 import nox
 
-nox.options.default_venv_backend = "venv"
+# uv when it is installed (the installs take seconds, not minutes), the stdlib venv otherwise
+nox.options.default_venv_backend = "uv|venv"
 nox.options.sessions = ["lint", "tests"]
 nox.options.reuse_existing_virtualenvs = True
 
@@ -72,7 +73,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/bench_trace.py", "--out", "bench-results/trace.json")
 
 
-@nox.session(python="3.11")
+@nox.session(python="3.11", venv_backend="venv")
 def peers(session: nox.Session) -> None:
     """``latency-analyzer run`` beside ``vllm bench serve``, AIPerf and GuideLLM on one loopback
     test-bed server (``benchmarks/bench_peers.py``); JSON in bench-results/peers.json.
@@ -130,7 +131,7 @@ def _llama_engine(session: nox.Session) -> list[str] | None:
     return ["--server", os.path.abspath(binary)]
 
 
-@nox.session(python="3.11")
+@nox.session(python="3.11", venv_backend="venv")  # its own pip runs in it
 def e2e(session: nox.Session) -> None:
     """Real servers on loopback: vLLM (CPU build, its OTLP spans merged into client
     waterfalls), then llama.cpp (its ``timings`` merged as prefill / decode).
