@@ -6,6 +6,11 @@ first data exchanged instead. Each round trip through the proxy costs at least
 ``2 * delay``: a TLS handshake takes >= 2 x delay per handshake round trip, a request to its
 response >= 2 x delay. The proxy connects to the target without delay.
 
+A chunk's delay runs from the kernel's receive time of the read that brought it (see
+:mod:`._rx`), not from when the proxy's loop got round to it: on a busy host loopback delivery
+can wait hundreds of microseconds, and that wait is then inside the delay rather than added to
+it, as it is inside a delay a network emulator adds to a packet.
+
 There is no back-pressure beyond pausing a reader while more than 4 MiB wait in its queue; it
 is meant for request/response-sized traffic, not bulk transfers.
 """
@@ -14,8 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import socket
 import time
 
+from ._rx import RxSocket, rx_socket_of
 from ._timing import Service, abort_with_rst, check_loopback, deadline_after, sleep_until
 
 __all__ = ["DelayProxy"]
@@ -38,12 +45,14 @@ class _Direction:
         self.pending = 0
         self.ended = False
 
-    def push(self, item: bytes | _End) -> None:
-        """Queue ``item`` to be written ``delay`` after now (only the first end counts)."""
+    def push(self, item: bytes | _End, arrival_ns: int | None = None) -> None:
+        """Queue ``item`` to be written ``delay`` after ``arrival_ns`` (default: now); only
+        the first end counts."""
         if self.ended:
             return
         self.ended = isinstance(item, _End)
-        self.queue.put_nowait((time.perf_counter_ns() + self.delay_ns, item))
+        arrival = time.perf_counter_ns() if arrival_ns is None else arrival_ns
+        self.queue.put_nowait((arrival + self.delay_ns, item))
         if isinstance(item, bytes):
             self.pending += len(item)
             if self.pending > _PAUSE_BYTES and self.source is not None:
@@ -88,14 +97,16 @@ class _Side(asyncio.Protocol):
     def __init__(self, outgoing: _Direction) -> None:
         self.outgoing = outgoing
         self.transport: asyncio.Transport | None = None
+        self.sock: RxSocket | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        self.sock = rx_socket_of(transport)
         self.outgoing.source = transport
 
     def data_received(self, data: bytes) -> None:
-        self.outgoing.push(data)
+        self.outgoing.push(data, None if self.sock is None else self.sock.rx_ns)
 
     def eof_received(self) -> bool:
         self.outgoing.push(_End.EOF)
@@ -108,8 +119,9 @@ class _Side(asyncio.Protocol):
 class DelayProxy(Service):
     """TCP proxy on loopback adding ``delay`` seconds to every chunk, each way.
 
-    A chunk read from one side is written to the other at exactly ``arrival + delay``
-    (absolute deadlines, order kept per direction). EOF is propagated as a half-close and a
+    A chunk read from one side is written to the other at exactly ``arrival + delay``,
+    ``arrival`` the kernel's receive time of the read that brought it (absolute deadlines,
+    order kept per direction). EOF is propagated as a half-close and a
     reset as a reset. See the module docstring for what this does to client-side stages.
 
     Args:
@@ -150,8 +162,21 @@ class DelayProxy(Service):
         return self._base_url(self.scheme)
 
     async def start(self) -> None:
-        """Start listening."""
-        await self._listen(self._accept)
+        """Start listening (on an :class:`RxSocket`: its connections are stamped too)."""
+        family, kind, proto, _, address = socket.getaddrinfo(
+            self._host, self._port, type=socket.SOCK_STREAM
+        )[0]
+        listener = RxSocket(family, kind, proto)
+        try:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind(address)
+            listener.listen(128)
+            listener.setblocking(False)
+        except OSError:
+            listener.close()
+            raise
+        self._server = await asyncio.get_running_loop().create_server(self._accept, sock=listener)
+        self._port = int(listener.getsockname()[1])
 
     async def stop(self) -> None:
         """Stop listening and abort every proxied connection."""
@@ -176,11 +201,8 @@ class DelayProxy(Service):
         """Connect to the target, then pump both directions until both have ended."""
         await asyncio.sleep(0)  # connection_made has run: client.transport is set
         assert client.transport is not None
-        loop = asyncio.get_running_loop()
         try:
-            target, _ = await loop.create_connection(
-                lambda: _Side(downstream), self.target_host, self.target_port
-            )
+            target = await self._connect(downstream)
         except OSError:
             abort_with_rst(client.transport)
             return
@@ -192,6 +214,22 @@ class DelayProxy(Service):
             for transport in transports:
                 transport.close()
             self._transports -= transports
+
+    async def _connect(self, downstream: _Direction) -> asyncio.Transport:
+        """A connection to the target over an :class:`RxSocket`, read by ``_Side(downstream)``."""
+        loop = asyncio.get_running_loop()
+        family, kind, proto, _, address = (
+            await loop.getaddrinfo(self.target_host, self.target_port, type=socket.SOCK_STREAM)
+        )[0]
+        sock = RxSocket(family, kind, proto)
+        try:
+            sock.setblocking(False)
+            await loop.sock_connect(sock, address)
+            target, _ = await loop.create_connection(lambda: _Side(downstream), sock=sock)
+        except BaseException:
+            sock.close()
+            raise
+        return target
 
     async def _pump_both(
         self,
