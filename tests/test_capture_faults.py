@@ -312,3 +312,18 @@ async def test_bodiless_responses_on_a_reused_connection_keep_their_wait() -> No
         assert send.end_ns <= received  # the request was out before the server had it
         assert wait.start_ns <= received and answered <= wait.end_ns
         assert answered - received >= 50_000_000
+
+
+async def test_a_stream_that_stalls_times_out_at_the_request_timeout(
+    llm_in_process: LLMServer,
+) -> None:
+    """The first token comes, the next is 2 s away: the request ends at its 0.3 s timeout,
+    in the middle of the body, with the token it got (a stream's reader waits for the
+    body's end, which aiohttp's own read timer does not bound)."""
+    t0 = time.perf_counter()
+    wf = await _chat(llm_in_process, timeout=0.3, tokens=4, decode=2.0)
+    assert time.perf_counter() - t0 < 1.0  # no hang
+    assert wf.error_type == "timeout" and "response body" in (wf.error or ""), wf.error
+    assert len(wf.chunk_times_ns) == 1
+    assert wf.e2e == pytest.approx(0.3, abs=0.05)
+    assert_exact(wf)

@@ -2,7 +2,9 @@
 
 ``send`` runs from the first send syscall that handed the kernel request bytes to the one
 that left nothing buffered; response headers and body bytes carry the kernel's receive stamp
-of the read that brought them, body bytes by offset (see :mod:`.connector`).
+of the read that brought them (see :mod:`.connector`). A stream's body is handed to its
+consumer inside the callback of the read that brought it (:meth:`TimedProtocol.stream_to`),
+so its reader is woken once, at the end, not for every chunk.
 """
 
 from __future__ import annotations
@@ -12,10 +14,11 @@ import itertools
 from collections.abc import Callable
 from typing import Any, cast
 
-from aiohttp import ClientPayloadError
+from aiohttp import ClientPayloadError, StreamReader
 from aiohttp.client_proto import ResponseHandler
 
 from ..timeline import TcpInfo, TlsInfo
+from ._consume import ResponseConsumer
 from ._hold import Hold
 from ._state import RequestState, now_ns
 from ._tcpinfo import read_tcp_info, tcp_info_of
@@ -106,6 +109,11 @@ class TimedProtocol(ResponseHandler):
         self.backlog = False
         self._marks: list[tuple[int, int]] = []  # (body bytes received so far, arrival ns)
         self._marked_payload: object = None
+        # a stream's consumer, fed from each read as it comes (stream_to)
+        self._sink: ResponseConsumer | None = None
+        self._sink_payload: object = None
+        self._pushing = False  # inside _push: a read made re-entrantly is drained by it
+        self._read_t = 0  # the latest read's arrival time
         # HTTP/2 hand-over at connection_made (the handshake's end), before asyncio and
         # aiohttp return the connection to the connector: the request leaves ~0.4 ms sooner
         self.on_made: Callable[[TimedProtocol, asyncio.Transport], None] | None = None
@@ -143,6 +151,7 @@ class TimedProtocol(ResponseHandler):
         self.backlog = False
         self._marks = []
         self._marked_payload = None
+        self._sink = self._sink_payload = None
         wire = self.wire
         if wire is not None:
             wire.first_send_ns = None  # WireStamps.mark_request, inline: every request
@@ -220,6 +229,14 @@ class TimedProtocol(ResponseHandler):
         if payload is not before and rec.headers_ns is None:
             self.close_send()
             rec.response_headers(t)
+        sink = self._sink
+        if sink is not None and payload is self._sink_payload:
+            self._read_t = t
+            if not self._pushing:
+                self._push(sink, payload)
+            if state.body_end_ns is None and payload.is_eof():
+                state.body_end_ns = t
+            return
         marks = self._marks
         if payload is not self._marked_payload:
             self._marked_payload, self._marks = payload, []
@@ -239,6 +256,47 @@ class TimedProtocol(ResponseHandler):
             payload.set_exception(cut, exc)
         super().connection_lost(exc)
 
+    # -- a stream's body, fed to its consumer in the read that brought it --
+    def stream_to(self, consumer: ResponseConsumer, payload: StreamReader, offset: int) -> None:
+        """Feed ``consumer`` the body of ``payload`` from now on: what it holds (read from
+        ``offset`` on), split by the arrival of each piece, then each read's bytes inside
+        that read's callback. A stream's reader then waits for its end only, instead of
+        being woken for every chunk, and no marks are kept."""
+        self._pushing = True
+        try:
+            held = payload.read_nowait(-1)
+            self._sink, self._sink_payload = consumer, payload
+            self._read_t = self._marks[-1][1] if self._marks else now_ns()
+            if held:
+                for piece, t in self.arrivals(offset, held):
+                    consumer.feed(piece, t)
+        finally:
+            self._pushing = False
+        self._marks, self._marked_payload = [], None
+        self._push(consumer, payload)  # what reads made while it was held added
+
+    def stop_streaming(self) -> None:
+        """The stream's reader is done with it (ended, failed or cancelled)."""
+        self._sink = self._sink_payload = None
+
+    def _push(self, sink: ResponseConsumer, payload: StreamReader) -> None:
+        """Hand ``sink`` what the latest read added to ``payload``. Reading from it can
+        resume the transport and so feed it again from inside (aiohttp's flow control):
+        those bytes are left to this loop, stamped with their own read. An error in here
+        fails the stream's reader (raised where it waits), not the connection's callback."""
+        self._pushing = True
+        try:
+            while payload.exception() is None:
+                t = self._read_t
+                data = payload.read_nowait(-1)
+                if not data:
+                    break
+                sink.feed(data, t)
+        except Exception as exc:
+            payload.set_exception(exc)
+        finally:
+            self._pushing = False
+
     def arrivals(self, offset: int, data: bytes) -> list[tuple[bytes, int]]:
         """Split body bytes read at ``offset`` into pieces with the time each piece arrived."""
         end, pos = offset + len(data), offset
@@ -254,16 +312,6 @@ class TimedProtocol(ResponseHandler):
         if pos < end:  # bytes no data_received stamped (cannot happen): the read time is next best
             pieces.append((data[pos - offset :], now_ns()))
         return pieces
-
-    def forget_marks_before(self, offset: int) -> None:
-        """Drop marks fully consumed, so a long stream keeps the list short."""
-        marks = self._marks
-        last = len(marks) - 1
-        keep = 0
-        while keep < last and marks[keep][0] <= offset:
-            keep += 1
-        if keep:
-            del marks[:keep]
 
 
 def _sent_ns(wire: WireStamps | None) -> int:

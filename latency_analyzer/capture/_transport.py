@@ -259,18 +259,17 @@ class ClientTransport:
                     consumer = ResponseConsumer(
                         state, resp.status, _content_type(resp.headers), resp.reason or ""
                     )
-                    offset = 0
                     content = resp.content
-                    streamed = consumer.wants_arrival_times  # asked once, not at every read
-                    # ``iter_any()`` without its iterator: one coroutine less per read, and
-                    # no StopAsyncIteration raised at the end (b"" ends both)
-                    while chunk := await content.readany():
-                        if streamed:
-                            for piece, t in proto.arrivals(offset, chunk):
-                                consumer.feed(piece, t)
-                            offset += len(chunk)
-                            proto.forget_marks_before(offset)
-                        else:
+                    if consumer.wants_arrival_times:  # a stream: fed in each read's callback
+                        proto.stream_to(consumer, content, 0)
+                        try:
+                            await _until_end(content, _left(deadline))
+                        finally:
+                            proto.stop_streaming()
+                    else:
+                        # ``iter_any()`` without its iterator: one coroutine less per read,
+                        # and no StopAsyncIteration raised at the end (b"" ends both)
+                        while chunk := await content.readany():
                             consumer.feed(chunk, 0)
                     consumer.close(state.body_end_ns or now_ns())
                     rec.tcp_end = proto.tcp_info()
@@ -281,6 +280,29 @@ class ClientTransport:
                     raise  # 0 left: no timer at all for a retry
                 restart(state, exc, failed_at)  # once, on the pool's next connection; attempt kept
                 retried = True
+
+
+async def _until_end(content: aiohttp.StreamReader, left_s: float) -> None:
+    """Wait for the end of a body its protocol drains as it reads (``stream_to``); raise
+    what ended it otherwise (a cut connection, an error while feeding it, or the request's
+    time running out in ``left_s``: aiohttp's timer bounds its own reads, not this wait)."""
+    expiry = asyncio.get_running_loop().call_later(left_s, _time_out, content)
+    try:
+        while not content.is_eof():
+            exc = content.exception()
+            if exc is not None:
+                raise exc
+            await content.wait_eof()
+        exc = content.exception()
+        if exc is not None:
+            raise exc
+    finally:
+        expiry.cancel()
+
+
+def _time_out(content: aiohttp.StreamReader) -> None:
+    if not content.is_eof() and content.exception() is None:
+        content.set_exception(asyncio.TimeoutError())
 
 
 def _content_type(headers: Mapping[str, str]) -> str:
