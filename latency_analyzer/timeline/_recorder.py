@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Final
 
 from ..errors import UsageError
 from ._clock import ClockAnchor, process_anchor
@@ -50,12 +49,14 @@ def _in_start_order(spans: list[Span]) -> tuple[Span, ...]:
     return tuple(spans)
 
 
-@dataclass(slots=True)
-class _Chunk:
-    time_ns: int
-    weight: int  # characters of content + reasoning: used to split a usage total over chunks
-    tokens: int | None  # known per-chunk count (continuous usage stats), else None
-    reasoning: bool
+#: One content chunk, a plain tuple (one is made per streamed token): (arrival ns; weight,
+#: the characters of content + reasoning, which split a usage total over the chunks; its
+#: known token count from continuous usage stats, else None; whether it is reasoning)
+_Chunk = tuple[int, int, int | None, bool]
+_TIME: Final = 0
+_WEIGHT: Final = 1
+_TOKENS: Final = 2
+_REASONING: Final = 3
 
 
 class Recorder:
@@ -259,7 +260,7 @@ class Recorder:
         self, t_ns: int, weight: int, tokens: int | None = None, reasoning: bool = False
     ) -> None:
         """A content-carrying chunk arrived at ``t_ns`` (role-only or empty chunks are not)."""
-        self._chunks.append(_Chunk(t_ns, weight, tokens, reasoning))
+        self._chunks.append((t_ns, weight, tokens, reasoning))
 
     def empty_chunk(self, t_ns: int) -> None:
         """A chunk carried a token whose text is empty (not content, but the server's token)."""
@@ -335,13 +336,13 @@ class Recorder:
             times, tokens, n_out, source = (), (), None, None
         first_reasoning = first_answer = None
         for c in chunks:
-            if c.reasoning:
+            if c[_REASONING]:
                 if first_reasoning is None:
-                    first_reasoning = c.time_ns
+                    first_reasoning = c[_TIME]
                     if first_answer is not None:
                         break
             elif first_answer is None:
-                first_answer = c.time_ns
+                first_answer = c[_TIME]
                 if first_reasoning is not None:
                     break
         # every field of the Waterfall is set here, defaults included (see ._unfrozen)
@@ -442,7 +443,7 @@ class Recorder:
         out = [prechecked_span("wait", min(send_end, headers), headers)]
         last = headers
         if self._chunks:  # chunk instants came from outside: these two are checked
-            first, last = self._chunks[0].time_ns, self._chunks[-1].time_ns
+            first, last = self._chunks[0][_TIME], self._chunks[-1][_TIME]
             out.append(_span("first_token", headers, first))
             out.append(_span("decode", first, last))
         tail_attrs = _NO_ATTRIBUTES if failed is None else MappingProxyType(failed)
@@ -452,14 +453,14 @@ class Recorder:
     def _token_counts(self) -> tuple[tuple[int, ...], tuple[int, ...], int | None, str | None]:
         """Chunk times, tokens per chunk, output tokens and where that count came from."""
         chunks = self._chunks
-        times = tuple([c.time_ns for c in chunks])
-        if chunks and all(c.tokens is not None for c in chunks):
-            known = tuple(min(c.tokens or 0, token_cap(c.weight)) for c in chunks)
-            self._note_claim(sum(c.tokens or 0 for c in chunks), sum(known))
+        times = tuple([c[_TIME] for c in chunks])
+        if chunks and all(c[_TOKENS] is not None for c in chunks):
+            known = tuple(min(c[_TOKENS] or 0, token_cap(c[_WEIGHT])) for c in chunks)
+            self._note_claim(sum(c[_TOKENS] or 0 for c in chunks), sum(known))
             return times, known, sum(known), "continuous_usage"
         total = self.usage_completion
         if total is not None:
-            weights = [c.weight for c in chunks]
+            weights = [c[_WEIGHT] for c in chunks]
             # a server's count sizes lists (itl): at most what the received text can hold
             # (the sum of token_cap over the chunks)
             room = (
