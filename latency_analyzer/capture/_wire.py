@@ -35,9 +35,9 @@ import socket
 import struct
 import sys
 import time
-import weakref
 from typing import Any
 
+from .._sockets import SocketRegistry
 from ..timeline import process_anchor
 
 __all__ = ["StampedSocket", "WireStamps", "kernel_stamps_supported", "stamped_socket_of", "wire_of"]
@@ -152,21 +152,13 @@ class WireStamps:
         self.read_kernel_ns, self.read_stamped = user_ns, False  # the kernel gave none
 
 
-_by_fd: weakref.WeakValueDictionary[int, StampedSocket] = weakref.WeakValueDictionary()
+_ours: SocketRegistry[StampedSocket] = SocketRegistry()
 
 
 def stamped_socket_of(transport: Any) -> StampedSocket | None:
     """The socket under ``transport`` (through TLS too), if it is ours: the object asyncio
     reads and writes, not the ``TransportSocket`` view the ``socket`` extra gives."""
-    if transport is None:
-        return None
-    sock = transport.get_extra_info("socket")
-    if sock is None:
-        return None
-    try:
-        return _by_fd.get(sock.fileno())
-    except OSError:  # closed already
-        return None
+    return _ours.of(transport)
 
 
 def wire_of(transport: Any) -> WireStamps | None:
@@ -200,7 +192,7 @@ class StampedSocket(socket.socket):
                     self.wire.refused = "SO_TIMESTAMPNS did not stay enabled"
             except OSError as exc:
                 self.wire.refused = f"SO_TIMESTAMPNS refused: {exc}"
-        _by_fd[self.fileno()] = self
+        _ours.add(self)
 
     def handshake_rtt_ns(self) -> int | None:
         """The kernel's SYN → SYN-ACK time, right after a connect (``tcpi_rtt``, in µs).

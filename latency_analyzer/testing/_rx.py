@@ -20,15 +20,16 @@ import socket
 import struct
 import sys
 import time
-import weakref
 from typing import Any
+
+from .._sockets import SocketRegistry
 
 __all__ = ["RxSocket", "rx_socket_of"]
 
 _SO_TIMESTAMPNS = 35  # <asm-generic/socket.h>; SCM_TIMESTAMPNS has the same value
 _ANC_SIZE = socket.CMSG_SPACE(16)
 _TIMESPEC = {16: struct.Struct("@qq"), 8: struct.Struct("@ii")}
-_by_fd: weakref.WeakValueDictionary[int, RxSocket] = weakref.WeakValueDictionary()
+_ours: SocketRegistry[RxSocket] = SocketRegistry()
 
 
 class RxSocket(socket.socket):
@@ -56,7 +57,7 @@ class RxSocket(socket.socket):
                 self.stamped = True
             except OSError:
                 pass
-        _by_fd[self.fileno()] = self
+        _ours.add(self)
 
     def accept(self) -> tuple[socket.socket, Any]:
         """``socket.accept``, the connection an :class:`RxSocket` too."""
@@ -91,10 +92,4 @@ def _kernel_ns(ancdata: list[tuple[int, int, bytes]]) -> int:
 
 def rx_socket_of(transport: Any) -> RxSocket | None:
     """The :class:`RxSocket` under an asyncio transport, if it is one."""
-    sock = transport.get_extra_info("socket")
-    if sock is None:
-        return None
-    try:
-        return _by_fd.get(sock.fileno())
-    except OSError:  # closed already
-        return None
+    return _ours.of(transport)
