@@ -241,6 +241,10 @@ async def test_tls_done_matches_the_capture(ca: TestCA, server_pem: Path) -> Non
         flight = [p.time_ns for p in flow.segments("in") if p.time_ns < finished]
         done.append(wf.stages["tls"].end_ns - _perf(flight[-1]))
         handshake.append(_handshake_error(wf, flow))
+    worst = max(range(len(done)), key=lambda k: abs(done[k]))
+    truth = _perf(flows[worst].segments("in")[0].time_ns)
+    print("packets of the worst tls_done, from the server's first flight:")
+    print(_packets_near(flows[worst], truth))  # shown when the check below fails
     _check({"tls_done": done, "connect_handshake": handshake}, 100_000, 500_000, steal)
 
 
@@ -361,7 +365,12 @@ async def test_100_concurrent_streams_token_stamps_and_ttft_wire() -> None:
             if k not in flagged:
                 clean_errors.append(abs(ours - truth))
             # a stamp more than 1 ms off is always one the waterfall says came with later bytes
-            assert abs(ours - truth) <= 1_000_000 or k in flagged, (i, k, ours - truth)
+            assert abs(ours - truth) <= 1_000_000 or k in flagged, (
+                i,
+                k,
+                ours - truth,
+                _packets_near(flow, truth),
+            )
         shared = len(set(wf.chunk_times_ns)) < len(wf.chunk_times_ns)
         assert shared <= (wf.multi_event_reads > 0)
         sent = _perf(flow.segments("out")[0].time_ns)
@@ -390,6 +399,23 @@ async def test_100_concurrent_streams_token_stamps_and_ttft_wire() -> None:
     assert abs(p95["ours"] - p95["server"]) <= 1_000_000
     lags = sorted(wf.read_lag_max_ns or 0 for wf in wfs)
     print(f"read lag max per stream: P50 {lags[50] / 1e3:.0f} us, max {lags[-1] / 1e3:.0f} us")
+
+
+def _packets_near(flow: Flow, at: int) -> list[tuple[str, int, int, int, int]]:
+    """The flow's packets within 3 ms of ``at`` (perf ns): direction, time from ``at`` in us,
+    relative sequence number, payload bytes and flags; what a failed comparison printed."""
+    isn = {p.src: p.seq for p in flow.packets if p.syn}
+    return [
+        (
+            "in" if p.src == flow.server else "out",
+            (_perf(p.time_ns) - at) // 1000,
+            (p.seq - isn.get(p.src, 0)) % 2**32,
+            p.size,
+            p.flags,
+        )
+        for p in flow.packets
+        if abs(_perf(p.time_ns) - at) <= 3_000_000
+    ]
 
 
 def _p95(values: list[int]) -> int:
