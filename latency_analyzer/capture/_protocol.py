@@ -197,6 +197,14 @@ class TimedProtocol(ResponseHandler):
             self.backlog = False
         super().resume_writing()
 
+    def resume_reading(self, *args: Any, **kwargs: Any) -> None:
+        """aiohttp's ``resume_reading``, only when reading is paused. Its body reader calls it
+        after every read that leaves the buffer low, paused or not, and it answers with
+        a parser resumption (``data_received(b"")``): a second callback per streamed
+        chunk that has nothing to resume unless something paused the reading."""
+        if getattr(self, "_reading_paused", True) or getattr(self, "_buffer_paused", False):
+            super().resume_reading(*args, **kwargs)
+
     def close_send(self) -> None:
         """End ``send`` at the last write that left nothing buffered (called at headers)."""
         state = self.state
