@@ -8,7 +8,6 @@ client stages are on one clock.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import statistics
 import subprocess
@@ -140,10 +139,18 @@ async def test_tokens_per_chunk_give_equal_per_token_gaps(llm: SubprocessLLMServ
     for k, written_ns in enumerate(rec.chunk_ns):
         due_s = HEADER_DELAY + PREFILL + (3 * k + 2) * 0.004
         assert written_ns - rec.received_ns >= round(due_s * 1e9)
-    written = [(b - a) / 1e9 for a, b in itertools.pairwise(rec.chunk_ns)]
+    # each chunk's stamp after the server's write of it by the same time (one clock, shared
+    # by the two processes), within 0.25 ms: so each chunk gap is the written gap within
+    # 0.5 ms; but for at most one chunk, later: read with the next event's bytes (the usage
+    # chunk follows the last token) or delivered late by the kernel (tests/wire_bounds.py)
+    after = [t - w for t, w in zip(wf.chunk_times_ns, rec.chunk_ns, strict=True)]
+    assert min(after) >= 0, after  # never before the server wrote it
+    base = statistics.median(after)
+    off = [d - base for d in after if abs(d - base) > 250_000]
+    print(f"chunk stamp - server write (us): {[round(d / 1e3, 1) for d in after]}")
+    assert len(off) <= 1 and all(d > 0 for d in off), (after, rec.chunk_ns)
     assert len(wf.itl) == 11
     for i, gap in enumerate(wf.chunk_gaps):
-        assert gap == pytest.approx(written[i], abs=0.0005)
         assert wf.itl[2 + 3 * i : 5 + 3 * i] == pytest.approx([gap / 3] * 3, abs=1e-9)
     assert sum(wf.itl) / len(wf.itl) == pytest.approx(wf.tpot)
 
