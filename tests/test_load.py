@@ -129,7 +129,7 @@ async def test_the_collector_leaves_what_existed_before_a_run_alone(
     """During a run every object alive before it is frozen (a full collection would scan them
     all with the loop stopped); afterwards they are back under the collector. Two runs at once
     keep them frozen until the second ends."""
-    assert gc.get_freeze_count() == 0
+    gc.unfreeze()  # what conftest froze between tests: this test starts from none
     sc = Scenario(service_10ms.url + CHAT, requests=3, stream=False, name="gc")
     seen: list[int] = []
     short_done = asyncio.Event()
@@ -153,6 +153,17 @@ async def test_the_collector_leaves_what_existed_before_a_run_alone(
     alive = len(gc.get_objects())
     assert len(seen) == 2 and min(seen) > alive // 2, (seen, alive)  # the process's objects
     assert gc.get_freeze_count() == 0
+
+
+async def test_a_run_leaves_what_its_caller_froze_frozen(service_10ms: SubprocessLLMServer) -> None:
+    """A caller that froze objects itself (this suite does, between tests) finds them frozen
+    after a run: ``gc.unfreeze`` cannot tell the run's from the caller's."""
+    gc.collect()
+    gc.freeze()
+    before = gc.get_freeze_count()
+    sc = Scenario(service_10ms.url + CHAT, requests=2, stream=False, name="gc")
+    assert len((await run(sc, rtt_samples=0)).set) == 2
+    assert gc.get_freeze_count() >= before > 0
 
 
 # --- open loop --------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ had reached, the file's ``result`` note says ``"interrupted": true``, and the ca
 propagates.
 
 The cyclic garbage collector is kept off what was alive before the run (``gc.freeze``, undone
-when the last concurrent run ends): a full collection scans every object the process holds,
+when the last concurrent run ends, unless the caller had frozen objects itself): a full collection scans every object the process holds,
 and in a process that has imported numpy and aiohttp and kept earlier runs' results that took
 20-70 ms, with the loop stopped, in the middle of a run (measured in a search's fifth probe:
 pacer lag P99 23-42 ms, one request 100 ms late). Collections during the run then scan only
@@ -152,12 +152,14 @@ async def run(
 #: Runs of this process under way (the objects alive before the first are frozen until the last
 #: ends).
 _runs_holding = 0
+_frozen_by_caller = False  # objects were frozen before the first run: the caller's to undo
 
 
 def _hold_collector(*, collect: bool) -> None:
     """Keep the collector off the objects alive now (see the module's text)."""
-    global _runs_holding
+    global _runs_holding, _frozen_by_caller
     if _runs_holding == 0:
+        _frozen_by_caller = gc.get_freeze_count() > 0
         if collect:
             gc.collect()
         gc.freeze()
@@ -165,9 +167,11 @@ def _hold_collector(*, collect: bool) -> None:
 
 
 def _release_collector() -> None:
+    """Undo the freeze once the last concurrent run ends, unless the caller had frozen
+    objects itself (``gc.unfreeze`` cannot tell whose they are: they all stay frozen)."""
     global _runs_holding
     _runs_holding -= 1
-    if _runs_holding == 0:
+    if _runs_holding == 0 and not _frozen_by_caller:
         gc.unfreeze()
 
 
