@@ -17,7 +17,8 @@ had reached, the file's ``result`` note says ``"interrupted": true``, and the ca
 propagates.
 
 The cyclic garbage collector is kept off what was alive before the run (``gc.freeze``, undone
-when the last concurrent run ends, unless the caller had frozen objects itself): a full collection scans every object the process holds,
+when the last concurrent run ends, unless the caller had frozen objects itself): a full
+collection scans every object the process holds,
 and in a process that has imported numpy and aiohttp and kept earlier runs' results that took
 20-70 ms, with the loop stopped, in the middle of a run (measured in a search's fifth probe:
 pacer lag P99 23-42 ms, one request 100 ms late). Collections during the run then scan only
