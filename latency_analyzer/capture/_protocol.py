@@ -265,9 +265,9 @@ class TimedProtocol(ResponseHandler):
         super().connection_lost(exc)
 
     # -- a stream's body, fed to its consumer in the read that brought it --
-    def stream_to(self, consumer: ResponseConsumer, payload: StreamReader, offset: int) -> None:
-        """Feed ``consumer`` the body of ``payload`` from now on: what it holds (read from
-        ``offset`` on), split by the arrival of each piece, then each read's bytes inside
+    def stream_to(self, consumer: ResponseConsumer, payload: StreamReader) -> None:
+        """Feed ``consumer`` the body of ``payload`` from now on: what it holds (none of it
+        read yet), split by the arrival of each piece, then each read's bytes inside
         that read's callback. A stream's reader then waits for its end only, instead of
         being woken for every chunk, and no marks are kept."""
         self._pushing = True
@@ -276,7 +276,7 @@ class TimedProtocol(ResponseHandler):
             self._sink, self._sink_payload = consumer, payload
             self._read_t = self._marks[-1][1] if self._marks else now_ns()
             if held:
-                for piece, t in self.arrivals(offset, held):
+                for piece, t in self.arrivals(0, held):
                     consumer.feed(piece, t)
         finally:
             self._pushing = False

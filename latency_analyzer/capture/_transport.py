@@ -261,7 +261,7 @@ class ClientTransport:
                     )
                     content = resp.content
                     if consumer.wants_arrival_times:  # a stream: fed in each read's callback
-                        proto.stream_to(consumer, content, 0)
+                        proto.stream_to(consumer, content)
                         try:
                             await _until_end(content, _left(deadline))
                         finally:
