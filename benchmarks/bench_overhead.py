@@ -189,7 +189,7 @@ def bare_parser_sse(session: aiohttp.ClientSession, url: str) -> Request:
         async with session.post(url, json=CHAT_BODY) as resp:
             parser = OpenAIStreamParser()
             async for data in resp.content.iter_any():
-                parser.feed(data, time.perf_counter_ns())
+                parser.feed_token(data, time.perf_counter_ns())  # as the client reads
             parser.close(time.perf_counter_ns())
             if resp.status != 200 or not parser.done:
                 raise BenchError(f"bare+parser SSE: HTTP {resp.status}, done={parser.done}")

@@ -378,3 +378,49 @@ def test_events_are_frozen() -> None:
     event: Sequence[Event] = [StreamDone(1)]
     with pytest.raises(AttributeError):
         event[0].time_ns = 2  # type: ignore[misc]  # frozen: the point of the check
+
+
+# --- feed_token: the usual read's text, any other read's events ---------------------------------
+
+_SHAPES = [
+    '{"choices":[{"delta":{"content":"Hi"}}]}',  # the usual token: its text alone
+    '{"choices":[{"index":0,"delta":{"content":" a"},"finish_reason":null}]}',
+    '{"choices":[{"delta":{"role":"assistant","content":""}}]}',  # role only: no token
+    '{"choices":[{"delta":{"content":"."},"finish_reason":"stop"}]}',
+    '{"choices":[{"delta":{"content":"x","reasoning_content":"why"}}]}',
+    '{"choices":[{"delta":{"content":"u"}}],"usage":{"prompt_tokens":3,"completion_tokens":1}}',
+    '{"choices":[{"delta":{"content":"t"}}],"timings":{"predicted_n":1}}',
+    '{"choices":[{"delta":{"content":"c"},"text":"d"}]}',
+    '{"choices":[{"delta":{"content":"1"}},{"delta":{"content":"2"}}]}',
+    '{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":4}}',
+    '{"error":{"message":"overloaded","code":503}}',
+    '{"object":"error","message":"bad"}',
+    "not json",
+    "[1, 2]",
+    "[DONE]",
+]
+
+
+@pytest.mark.parametrize("whole", [True, False], ids=["one-read-each", "byte-by-byte"])
+def test_feed_token_reads_as_feed_does(whole: bool) -> None:
+    """Each shape, fed as a read of its own (or a byte at a time): ``feed_token`` gives the
+    text exactly when ``feed`` gives one plain token chunk, and the same events otherwise."""
+    stream = sse(*_SHAPES)
+    reads = [sse(p) for p in _SHAPES] if whole else [stream[i : i + 1] for i in range(len(stream))]
+    expected, _ = run(reads, t=7)
+    parser = OpenAIStreamParser()
+    got: list[Event] = []
+    texts = 0
+    for read_ in reads:
+        out = parser.feed_token(read_, 7)
+        if isinstance(out, str):
+            texts += 1
+            got.append(ChunkReceived(7, out, "", None, None))
+        else:
+            got += out
+    got += parser.close(7)
+    assert untimed(got) == untimed(expected)
+    # the second shape, when each is a read of its own: the first read of a stream (the first
+    # shape) goes the general way, which settles whether the stream opens with a BOM
+    assert texts == (1 if whole else 0)
+    assert parser.chunks == run(reads)[1].chunks

@@ -128,7 +128,13 @@ class ResponseConsumer:
     def feed(self, data: bytes, time_ns: int) -> None:
         """Body bytes that arrived at ``time_ns`` (one read's bytes, or part of one)."""
         if self._parser is not None:
-            events = self._parser.feed(data, time_ns)
+            events = self._parser.feed_token(data, time_ns)
+            if isinstance(events, str):  # one token, the usual read: its text
+                self._state.recorder.chunk(time_ns, len(events))
+                answer = self._state.answer
+                if answer is not None:
+                    answer.append(events)
+                return
             if len(events) > 1 and _token_before_more(events):
                 rec = self._state.recorder
                 before = rec.chunk_count

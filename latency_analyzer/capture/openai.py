@@ -129,6 +129,44 @@ class OpenAIStreamParser:
             self._on_data(cast(str, raw), time_ns, events)
         return events
 
+    def feed_token(self, data: bytes, time_ns: int) -> str | list[Event]:
+        """Like :meth:`feed`, returning just the text when ``data`` is the usual read of a
+        stream: one whole event holding one chunk of one choice whose delta is its content
+        alone, with no usage, timings or finish reason. Any other read gives its events."""
+        raw = self._sse.take_single(data) if _bytes_loads is not None else None
+        if raw is None:
+            return self.feed(data, time_ns)
+        try:
+            obj: Any = _bytes_loads(raw)  # type: ignore[misc]
+        except (ValueError, RecursionError):
+            obj = None
+        if type(obj) is not dict:  # [DONE], or not a JSON object: read as text, which says why
+            events: list[Event] = []
+            self._on_data(raw.decode("utf-8", "replace"), time_ns, events)
+            return events
+        try:  # subscripts that succeed only on a list of one dict holding a dict
+            (choice,) = obj["choices"]
+            delta = choice["delta"]
+            content = delta["content"]
+        except (KeyError, TypeError, ValueError):
+            content = None
+        if (
+            type(content) is str
+            and content
+            and len(delta) == 1
+            and choice.get("finish_reason") is None
+            and "text" not in choice
+            and obj.get("usage") is None
+            and obj.get("timings") is None
+            and obj.get("error") is None
+            and obj.get("object") != "error"
+        ):
+            self.chunks += 1
+            return content
+        events = []
+        self._on_object(obj, time_ns, events)
+        return events
+
     def close(self, time_ns: int) -> list[Event]:
         """End of stream.
 

@@ -139,6 +139,21 @@ class SSEParser:
             return [value.decode("utf-8", "replace")]
         return [fields[0] for fields in self.feed_fields(data)]
 
+    def take_single(self, data: bytes) -> bytes | None:
+        """The raw data of ``data`` when it is one whole ``data:`` event (one line, then the
+        blank line, LF endings) and nothing is pending: the usual read of a streamed token,
+        taken as :meth:`feed_raw` takes it. Else None, and ``data`` is left unread."""
+        if (
+            self._bom_checked
+            and not (self._tail or self._in_event or self._skip_lf or self._closed)
+            and data.find(_LF) == len(data) - 2
+            and data[-2:] == b"\n\n"
+            and data[:5] == b"data:"
+            and _CR not in data
+        ):
+            return data[6:-2] if data[5] == _SPACE else data[5:-2]
+        return None
+
     def feed_raw(self, data: bytes) -> list[bytes | str]:
         """Like :meth:`feed_data`, leaving the decoding to the reader when it can: the data of
         a whole ``data:`` event that arrived in one chunk, the usual read of a stream, is the
