@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import ssl as ssl_module
@@ -64,6 +65,15 @@ class H2StreamRecord:
     chunk_ns: tuple[int, ...]
     end_ns: int
     body_bytes: int
+
+    def to_json(self) -> dict[str, Any]:
+        """Return a JSON-ready dict (inverse of :meth:`from_json`)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> H2StreamRecord:
+        """Rebuild a record from :meth:`to_json` output."""
+        return cls(**{**data, "chunk_ns": tuple(data["chunk_ns"])})
 
 
 @dataclass
@@ -350,7 +360,8 @@ class SubprocessH2LLMServer(ChildServer):
     """Context manager running an :class:`H2LLMServer` in a child process.
 
     Started by ``python -m latency_analyzer.testing h2-server CONFIG_JSON``; the child
-    prints ``{"port": ..., "pid": ...}`` once bound and exits when its stdin closes.
+    prints ``{"port": ..., "pid": ...}`` once bound, answers ``records`` and exits when its stdin
+    closes.
     """
 
     host = "127.0.0.1"
@@ -364,6 +375,10 @@ class SubprocessH2LLMServer(ChildServer):
         scheme = "https" if self.config.get("tls_pem") else "http"
         return f"{scheme}://{self.host}:{self.port}"
 
+    def records(self) -> list[H2StreamRecord]:
+        """The child's ground truth, one record per finished stream, in finishing order."""
+        return [H2StreamRecord.from_json(r) for r in self._ask("records")]
+
 
 def serve_h2_in_child(config_json: str) -> None:
     """Child side of :class:`SubprocessH2LLMServer` (``python -m latency_analyzer.testing``)."""
@@ -376,4 +391,5 @@ async def _child_main(config: Mapping[str, Any]) -> None:
     streams = config["max_concurrent_streams"]
     server = H2LLMServer(ssl=context, max_concurrent_streams=streams, **config["knobs"])
     async with server:
-        await serve_commands({"port": server.port, "pid": os.getpid()}, {})
+        commands = {"records": lambda: [record.to_json() for record in server.records]}
+        await serve_commands({"port": server.port, "pid": os.getpid()}, commands)
