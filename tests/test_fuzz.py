@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from latency_analyzer import UsageError
-from latency_analyzer.capture.openai import OpenAIStreamParser
+from latency_analyzer.capture.openai import ChunkReceived, OpenAIStreamParser
 from latency_analyzer.capture.sse import SSEParser
 from latency_analyzer.load import load_scenario
 from latency_analyzer.merge import merge_headers
@@ -116,6 +116,36 @@ def test_sse_and_openai_chunks_never_raise(data: bytes, cuts: list[int]) -> None
         assert {e.time_ns for e in chunks.feed(piece, i)} <= {i}
     sse.close(len(cuts) + 1)
     chunks.close(len(cuts) + 1)
+
+
+_TOKEN_HEAD = b'data: {"id":"c","choices":[{"index":0,"delta":{"content":'
+_TOKEN_TAIL = b'},"finish_reason":null}]}\n\n'
+_CONTENT = st.one_of(
+    st.text(max_size=6).map(lambda t: json.dumps(t, ensure_ascii=False).encode()),
+    st.text(max_size=6).map(lambda t: json.dumps(t).encode()),  # \u escapes
+    st.binary(max_size=6).map(lambda b: b'"' + b + b'"'),  # raw bytes: JSON or not
+)
+
+
+@FUZZ
+@given(contents=st.lists(_CONTENT, max_size=12))
+def test_feed_token_reads_any_token_stream_as_feed_does(contents: list[bytes]) -> None:
+    """A stream whose reads differ only in their content's bytes: the text ``feed_token``
+    gives (with or without a parse) is the chunk ``feed`` gives, and its other reads' events
+    are ``feed``'s."""
+    reads = [_TOKEN_HEAD + c + _TOKEN_TAIL for c in [b'"a"', b'"b"', *contents]]
+    plain, token = OpenAIStreamParser(), OpenAIStreamParser()
+    for read in reads:
+        expected = plain.feed(read, 1)
+        out = token.feed_token(read, 1)
+        if isinstance(out, str):
+            assert [(type(e), e.content, e.reasoning, e.finish_reason) for e in expected] == [
+                (ChunkReceived, out, "", None)
+            ]
+            assert not expected[0].empty_token and expected[0].completion_tokens is None
+        else:
+            assert out == expected
+    assert token.chunks == plain.chunks
 
 
 HEADER_TEXT = st.text(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import astuple
 from itertools import pairwise
@@ -424,3 +425,69 @@ def test_feed_token_reads_as_feed_does(whole: bool) -> None:
     # shape) goes the general way, which settles whether the stream opens with a BOM
     assert texts == (1 if whole else 0)
     assert parser.chunks == run(reads)[1].chunks
+
+
+def _vllm_like(content_json: str, created: int = 1700000000, finish: str = "null") -> bytes:
+    """One read of a vLLM-style token chunk, ``content_json`` as the server wrote it."""
+    return (
+        b'data: {"id":"chatcmpl-7","object":"chat.completion.chunk","created":%d,'
+        b'"model":"m","choices":[{"index":0,"delta":{"content":%s},"logprobs":null,'
+        b'"finish_reason":%s}]}\n\n' % (created, content_json.encode(), finish.encode())
+    )
+
+
+_STREAM = [
+    _vllm_like('"Hi"'),  # the stream's first read: the BOM is settled the general way
+    _vllm_like('" there"'),  # parsed, and its bytes around the content learnt
+    _vllm_like('" wörld"'),  # the learnt bytes around plain UTF-8: no parse
+    _vllm_like('"\\"q\\""'),  # escapes: parsed
+    _vllm_like('"a\\\\b"'),
+    _vllm_like('"\\u00e9"'),
+    b'data: {"id":"chatcmpl-7","object":"chat.completion.chunk","created":1700000000,'
+    b'"model":"m","choices":[{"index":0,"delta":{"content":"\x01"},"logprobs":null,'
+    b'"finish_reason":null}]}\n\n',  # a raw control character: not JSON, parsed to say so
+    b'data: {"id":"chatcmpl-7","object":"chat.completion.chunk","created":1700000000,'
+    b'"model":"m","choices":[{"index":0,"delta":{"content":"\xff\xfe"},"logprobs":null,'
+    b'"finish_reason":null}]}\n\n',  # not UTF-8: read as decoded text, with U+FFFD
+    _vllm_like('"\\"content\\":\\"x"'),  # the key's text inside the content
+    _vllm_like('""'),  # empty content: no token
+    _vllm_like('"."', created=1700000001),  # the bytes around changed: parsed, learnt again
+    _vllm_like('" ok"', created=1700000001),  # no parse
+    _vllm_like('"!"', finish='"stop"'),  # the finish: parsed
+    b"data: [DONE]\n\n",
+]
+
+
+def test_feed_token_reads_learnt_tokens_without_a_parse(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stream's plain tokens after the first parsed one: ``feed_token`` gives their text
+    without a JSON parse, and every read reads as ``feed`` reads it, whatever its content."""
+    module = sys.modules[OpenAIStreamParser.__module__]
+    if module._bytes_loads is None:
+        pytest.skip("feed_token takes reads apart only with orjson (the [fast] extra)")
+    expected, reference_parser = run(_STREAM, t=7)
+    parsed: list[bytes] = []
+
+    def counting(raw: str | bytes) -> Any:
+        parsed.append(raw if isinstance(raw, bytes) else raw.encode())
+        return loads(raw)
+
+    loads = module._bytes_loads
+    monkeypatch.setattr(module, "_bytes_loads", counting)
+    monkeypatch.setattr(module, "_loads", counting)
+    parser = OpenAIStreamParser()
+    got: list[Event] = []
+    for read_ in _STREAM:
+        out = parser.feed_token(read_, 7)
+        got += [ChunkReceived(7, out, "", None, None)] if isinstance(out, str) else out
+    got += parser.close(7)
+    assert untimed(got) == untimed(expected)
+    assert parser.chunks == reference_parser.chunks
+    # read without a parse: " wörld" and " ok", each after bytes learnt from a parsed token
+    unparsed = [r for r in _STREAM if not any(p in r for p in parsed)]
+    assert unparsed == [_STREAM[2], _STREAM[11]]
+    # and a whole stream of one template: one parse for the stream's first read, one to learn
+    parsed.clear()
+    parser = OpenAIStreamParser()
+    first, *texts = [parser.feed_token(_vllm_like(f'" t{i}"'), 7) for i in range(50)]
+    assert untimed(first) == untimed([ChunkReceived(7, " t0", "", None, None)])
+    assert texts == [f" t{i}" for i in range(1, 50)] and len(parsed) == 2

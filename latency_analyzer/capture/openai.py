@@ -21,6 +21,7 @@ decoded object carries (choices' text, usage counts, timings, errors) is read in
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -76,6 +77,11 @@ _loads = _fastest_loads()
 #: (and refuses invalid UTF-8, which then goes the way of decoded text, with U+FFFD).
 _bytes_loads: Callable[[str | bytes], Any] | None = None if _loads is _stdlib_loads else _loads
 _MAX_TEXT_MESSAGE = 200  # characters of a non-JSON error body worth showing to a person
+#: A content string's key with a string value (JSON allows whitespace around the colon).
+_CONTENT_KEY = re.compile(rb'"content"[ \t\r\n]*:[ \t\r\n]*"')
+#: What a JSON string's characters cannot be taken as they are: its end, an escape, controls.
+_NOT_PLAIN = re.compile(rb'["\\\x00-\x1f]')
+_MAX_MISSES = 4  # learnt reads that stopped matching before a stream is parsed every time
 
 
 class OpenAIStreamParser:
@@ -83,6 +89,10 @@ class OpenAIStreamParser:
 
     def __init__(self) -> None:
         self._sse = SSEParser()
+        # a plain token's read, learnt from one that was parsed: the bytes before and after
+        # its content string (see _learn); None until then, or once the stream keeps changing
+        self._head = self._tail = b""
+        self._misses = 0
         self.chunks = 0
         """JSON object chunks parsed (including ``choices: []`` usage chunks; not errors)."""
         self.done = False
@@ -132,7 +142,31 @@ class OpenAIStreamParser:
     def feed_token(self, data: bytes, time_ns: int) -> str | list[Event]:
         """Like :meth:`feed`, returning just the text when ``data`` is the usual read of a
         stream: one whole event holding one chunk of one choice whose delta is its content
-        alone, with no usage, timings or finish reason. Any other read gives its events."""
+        alone, with no usage, timings or finish reason. Any other read gives its events.
+
+        A stream's plain tokens differ in their content alone: every byte before the content
+        string and after it is the same (id, model, created ...). Once one such read has been
+        parsed, a read made of those bytes around a string with no quote, backslash or
+        control character, valid UTF-8, is that string's token without a JSON parse: the
+        same characters cannot end the string elsewhere or mean anything else.
+        """
+        head, tail = self._head, self._tail
+        if (
+            head
+            and len(data) > len(head) + len(tail)
+            and data.startswith(head)
+            and data.endswith(tail)
+            and self._sse.idle
+        ):
+            middle = data[len(head) : len(data) - len(tail)]
+            if _NOT_PLAIN.search(middle) is None:
+                try:
+                    text = middle.decode()
+                except UnicodeDecodeError:
+                    pass
+                else:
+                    self.chunks += 1
+                    return text
         raw = self._sse.take_single(data) if _bytes_loads is not None else None
         if raw is None:
             return self.feed(data, time_ns)
@@ -162,10 +196,35 @@ class OpenAIStreamParser:
             and obj.get("object") != "error"
         ):
             self.chunks += 1
+            if self._misses < _MAX_MISSES and not (
+                head and data.startswith(head) and data.endswith(tail)
+            ):
+                self._learn(data, len(data) - len(raw) - 2, raw, content)
             return content
         events = []
         self._on_object(obj, time_ns, events)
         return events
+
+    def _learn(self, data: bytes, start: int, raw: bytes, content: str) -> None:
+        """Keep the bytes of ``data`` around ``content``'s string, a plain token's JSON
+        ``raw`` (at ``start`` in ``data``), when the string is found there as it reads.
+
+        The key must occur once with a string value: an unescaped quote can only be JSON's
+        own, so that is the delta's content. Its value must hold no backslash (then the next
+        quote ends it) and be ``content``'s UTF-8. A stream whose learnt bytes stop matching
+        (a per-chunk timestamp) learns again, a few times."""
+        if self._head:
+            self._misses += 1
+        self._head = self._tail = b""
+        found = _CONTENT_KEY.findall(raw)
+        if len(found) != 1:
+            return
+        begin = raw.find(found[0]) + len(found[0])
+        end = raw.find(b'"', begin)
+        value = raw[begin:end]
+        if b"\\" in value or value != content.encode():
+            return
+        self._head, self._tail = data[: start + begin], data[start + end :]
 
     def close(self, time_ns: int) -> list[Event]:
         """End of stream.

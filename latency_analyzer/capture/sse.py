@@ -139,6 +139,14 @@ class SSEParser:
             return [value.decode("utf-8", "replace")]
         return [fields[0] for fields in self.feed_fields(data)]
 
+    @property
+    def idle(self) -> bool:
+        """Nothing pending, the stream's start read (its BOM settled) and not closed: a read
+        that is one whole event now is read alone."""
+        return self._bom_checked and not (
+            self._tail or self._in_event or self._skip_lf or self._closed
+        )
+
     def take_single(self, data: bytes) -> bytes | None:
         """The raw data of ``data`` when it is one whole ``data:`` event (one line, then the
         blank line, LF endings) and nothing is pending: the usual read of a streamed token,
