@@ -491,8 +491,11 @@ def summarise(rows: list[dict[str, Any]], tools: list[str]) -> dict[str, Any]:
             if tokens:
                 cell["cpu_ms_per_1k_tokens"] = round(r["cpu_in_flight_s"] / tokens * 1e6, 1)
                 cell["run_cpu_ms_per_1k_tokens"] = round(r["cpu_s"] / tokens * 1e6, 1)
-                marginal = max(r["cpu_s"] - fixed, 0.0)
-                cell["marginal_cpu_ms_per_1k_tokens"] = round(marginal / tokens * 1e6, 1)
+                marginal = r["cpu_s"] - fixed
+                if marginal > 0:
+                    cell["marginal_cpu_ms_per_1k_tokens"] = round(marginal / tokens * 1e6, 1)
+                else:  # the startup run's CPU varies by more than this run's traffic cost
+                    cell["marginal_cpu_unresolved"] = "run CPU within its startup's: no figure"
                 cell["server_tokens_per_s"] = srv["tokens_per_s"]
             if cli and srv.get("requests"):
                 for k in ("ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms", "tpot_mean_ms"):
@@ -509,7 +512,7 @@ def summarise(rows: list[dict[str, Any]], tools: list[str]) -> dict[str, Any]:
             mine = ours.get(name, {})
             pair: dict[str, Any] = {}
             for key in ("marginal_cpu_ms_per_1k_tokens", "cpu_ms_per_1k_tokens"):
-                if cell.get(key) and key in mine:
+                if cell.get(key) and mine.get(key):
                     pair[key] = round(mine[key] / cell[key], 3)
             if name.startswith("flat") and cell.get("server_tokens_per_s") and mine:
                 ours_tps, theirs_tps = mine["server_tokens_per_s"], cell["server_tokens_per_s"]
