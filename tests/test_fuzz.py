@@ -134,7 +134,7 @@ def test_feed_token_reads_any_token_stream_as_feed_does(contents: list[bytes]) -
     gives (with or without a parse) is the chunk ``feed`` gives, and its other reads' events
     are ``feed``'s."""
     reads = [_TOKEN_HEAD + c + _TOKEN_TAIL for c in [b'"a"', b'"b"', *contents]]
-    plain, token = OpenAIStreamParser(), OpenAIStreamParser()
+    plain, token = OpenAIStreamParser(learn=False), OpenAIStreamParser()
     for read in reads:
         expected = plain.feed(read, 1)
         out = token.feed_token(read, 1)
@@ -146,6 +146,18 @@ def test_feed_token_reads_any_token_stream_as_feed_does(contents: list[bytes]) -
         else:
             assert out == expected
     assert token.chunks == plain.chunks
+
+
+@FUZZ
+@given(contents=st.lists(_CONTENT, max_size=12), cuts=st.lists(st.integers(0, 3000), max_size=8))
+def test_learnt_tokens_read_as_every_json_parsed(contents: list[bytes], cuts: list[int]) -> None:
+    """The same streams cut anywhere, read by ``feed``: what it learns from parsed plain
+    tokens changes nothing it reads."""
+    data = b"".join(_TOKEN_HEAD + c + _TOKEN_TAIL for c in [b'"a"', b'"b"', *contents])
+    plain, learning = OpenAIStreamParser(learn=False), OpenAIStreamParser()
+    for i, piece in enumerate(_splits(data, cuts)):
+        assert learning.feed(piece, i) == plain.feed(piece, i)
+    assert learning.close(9) == plain.close(9) and learning.chunks == plain.chunks
 
 
 HEADER_TEXT = st.text(

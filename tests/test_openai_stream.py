@@ -39,7 +39,8 @@ def read(name: str) -> bytes:
 
 
 def run(chunks: Iterable[bytes], t: int = 0) -> tuple[list[Event], OpenAIStreamParser]:
-    parser = OpenAIStreamParser()
+    """The reference reading: every event's JSON parsed (nothing learnt)."""
+    parser = OpenAIStreamParser(learn=False)
     events = [e for c in chunks for e in parser.feed(c, t)]
     events += parser.close(t)
     return events, parser
@@ -491,3 +492,42 @@ def test_feed_token_reads_learnt_tokens_without_a_parse(monkeypatch: pytest.Monk
     first, *texts = [parser.feed_token(_vllm_like(f'" t{i}"'), 7) for i in range(50)]
     assert untimed(first) == untimed([ChunkReceived(7, " t0", "", None, None)])
     assert texts == [f" t{i}" for i in range(1, 50)] and len(parsed) == 2
+    # reads of several events each, through feed: the same, from the second read on
+    stream = [_vllm_like(f'" t{i}"') for i in range(48)]
+    expected = run(stream, t=7)[0][:-1]  # less the missing [DONE]
+    parsed.clear()
+    parser = OpenAIStreamParser()
+    got = [e for i in range(0, 48, 4) for e in parser.feed(b"".join(stream[i : i + 4]), 7)]
+    assert untimed(got) == untimed(expected)
+    assert len(parsed) == 2  # the first event (decoded: the BOM unsettled), one to learn from
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "vllm-0.32-chat-stream-usage.sse",
+        "vllm-0.32-completions-stream.sse",
+        "llama-server-11434-chat-stream.sse",
+        "llama-cpp-python-0.3.36-chat-stream.sse",
+    ],
+)
+def test_real_streams_read_as_the_reference_reads_them(name: str) -> None:
+    """Each recorded stream, read as one event per read (``feed_token``), all at once, and
+    cut at every 7th byte (``feed``): learnt plain tokens give the events of every event's
+    JSON parsed."""
+    raw = read(name)
+    expected, reference_parser = run([raw])
+    events = raw.split(b"\n\n")
+    per_event = [e + b"\n\n" for e in events[:-1]]
+    assert b"".join(per_event) + events[-1] == raw
+    token = OpenAIStreamParser()
+    got: list[Event] = []
+    for read_ in per_event:
+        out = token.feed_token(read_, 0)
+        got += [ChunkReceived(0, out, "", None, None)] if isinstance(out, str) else out
+    got += token.close(0)
+    assert untimed(got) == untimed(expected) and token.chunks == reference_parser.chunks
+    for reads in ([raw], [raw[i : i + 7] for i in range(0, len(raw), 7)]):
+        parser = OpenAIStreamParser()
+        got = [e for r in reads for e in parser.feed(r, 0)] + parser.close(0)
+        assert untimed(got) == untimed(expected) and parser.chunks == reference_parser.chunks

@@ -28,7 +28,7 @@ from typing import Any, cast
 from latency_analyzer._redact import redact_text
 from latency_analyzer.capture.sse import SSEParser
 
-from ._openai_chunk import _append_chunk, _append_error
+from ._openai_chunk import _append_chunk, _append_error, _chunk_received
 from ._openai_events import TIMINGS_FIELDS as TIMINGS_FIELDS
 from ._openai_events import (
     ChunkReceived,
@@ -87,12 +87,14 @@ _MAX_MISSES = 4  # learnt reads that stopped matching before a stream is parsed 
 class OpenAIStreamParser:
     """OpenAI streaming semantics on top of ``SSEParser``: ``feed(bytes, t)`` then ``close(t)``."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, learn: bool = True) -> None:
+        """``learn=False``: parse every event's JSON (the reference reading of a stream)."""
         self._sse = SSEParser()
-        # a plain token's read, learnt from one that was parsed: the bytes before and after
-        # its content string (see _learn); None until then, or once the stream keeps changing
-        self._head = self._tail = b""
-        self._misses = 0
+        # A plain token learnt from one that was parsed (see _learn): the bytes before and
+        # after its content string, in an event's data and in the whole read of one event;
+        # empty until then. A stream that keeps changing them stops learning.
+        self._raw_head = self._raw_tail = self._head = self._tail = b""
+        self._misses = 0 if learn else _MAX_MISSES
         self.chunks = 0
         """JSON object chunks parsed (including ``choices: []`` usage chunks; not errors)."""
         self.done = False
@@ -121,8 +123,15 @@ class OpenAIStreamParser:
         events: list[Event] = []
         loads = _loads
         from_bytes = loads is _bytes_loads  # json.loads(bytes) would guess UTF-16 or -32
+        head, tail = self._raw_head, self._raw_tail
         for raw in self._sse.feed_raw(data):
             if type(raw) is bytes:  # a whole event as received
+                if head and len(raw) > len(head) + len(tail):
+                    text = _between(raw, head, tail)
+                    if text is not None:  # a learnt plain token: what _append_chunk makes
+                        self.chunks += 1
+                        events.append(_chunk_received(time_ns, text, "", None, None, False))
+                        continue
                 try:
                     obj: Any = loads(raw if from_bytes else raw.decode("utf-8", "replace"))
                 except (ValueError, RecursionError):
@@ -131,6 +140,11 @@ class OpenAIStreamParser:
                     if obj.get("error") is None and obj.get("object") != "error":
                         self.chunks += 1
                         _append_chunk(obj, time_ns, events)
+                        if self._misses < _MAX_MISSES and not _matches(raw, head, tail):
+                            content = _plain_content(obj)
+                            if content is not None:
+                                self._learn(raw, content)
+                                head, tail = self._raw_head, self._raw_tail
                     else:
                         self._on_object(obj, time_ns, events)
                     continue
@@ -151,25 +165,21 @@ class OpenAIStreamParser:
         same characters cannot end the string elsewhere or mean anything else.
         """
         head, tail = self._head, self._tail
-        if (
-            head
-            and len(data) > len(head) + len(tail)
-            and data.startswith(head)
-            and data.endswith(tail)
-            and self._sse.idle
-        ):
-            middle = data[len(head) : len(data) - len(tail)]
-            if _NOT_PLAIN.search(middle) is None:
-                try:
-                    text = middle.decode()
-                except UnicodeDecodeError:
-                    pass
-                else:
-                    self.chunks += 1
-                    return text
+        if head and len(data) > len(head) + len(tail) and self._sse.idle:
+            text = _between(data, head, tail)
+            if text is not None:
+                self.chunks += 1
+                return text
         raw = self._sse.take_single(data) if _bytes_loads is not None else None
         if raw is None:
             return self.feed(data, time_ns)
+        raw_head, raw_tail = self._raw_head, self._raw_tail
+        if raw_head and len(raw) > len(raw_head) + len(raw_tail):
+            text = _between(raw, raw_head, raw_tail)
+            if text is not None:  # learnt from an event of a longer read: this read's framing
+                self.chunks += 1
+                self._frame(data, raw)
+                return text
         try:
             obj: Any = _bytes_loads(raw)  # type: ignore[misc]
         except (ValueError, RecursionError):
@@ -178,53 +188,44 @@ class OpenAIStreamParser:
             events: list[Event] = []
             self._on_data(raw.decode("utf-8", "replace"), time_ns, events)
             return events
-        try:  # subscripts that succeed only on a list of one dict holding a dict
-            (choice,) = obj["choices"]
-            delta = choice["delta"]
-            content = delta["content"]
-        except (KeyError, TypeError, ValueError):
-            content = None
-        if (
-            type(content) is str
-            and content
-            and len(delta) == 1
-            and choice.get("finish_reason") is None
-            and "text" not in choice
-            and obj.get("usage") is None
-            and obj.get("timings") is None
-            and obj.get("error") is None
-            and obj.get("object") != "error"
-        ):
+        content = _plain_content(obj)
+        if content is not None:
             self.chunks += 1
-            if self._misses < _MAX_MISSES and not (
-                head and data.startswith(head) and data.endswith(tail)
-            ):
-                self._learn(data, len(data) - len(raw) - 2, raw, content)
+            learn = self._misses < _MAX_MISSES and not _matches(raw, raw_head, raw_tail)
+            if learn and self._learn(raw, content):
+                self._frame(data, raw)
             return content
         events = []
         self._on_object(obj, time_ns, events)
         return events
 
-    def _learn(self, data: bytes, start: int, raw: bytes, content: str) -> None:
-        """Keep the bytes of ``data`` around ``content``'s string, a plain token's JSON
-        ``raw`` (at ``start`` in ``data``), when the string is found there as it reads.
+    def _frame(self, data: bytes, raw: bytes) -> None:
+        """The learnt bytes as a whole read of one event shows them: ``data``, whose event's
+        data is ``raw``, with its framing (``data:``, a space or not, the blank line)."""
+        start = len(data) - len(raw) - 2
+        self._head, self._tail = data[:start] + self._raw_head, self._raw_tail + data[-2:]
+
+    def _learn(self, raw: bytes, content: str) -> bool:
+        """Keep the bytes of an event's data ``raw``, a plain token's JSON, around its content
+        string when that string is found there as it reads; tell whether it was.
 
         The key must occur once with a string value: an unescaped quote can only be JSON's
         own, so that is the delta's content. Its value must hold no backslash (then the next
         quote ends it) and be ``content``'s UTF-8. A stream whose learnt bytes stop matching
         (a per-chunk timestamp) learns again, a few times."""
-        if self._head:
+        if self._raw_head:
             self._misses += 1
-        self._head = self._tail = b""
+        self._raw_head = self._raw_tail = self._head = self._tail = b""
         found = _CONTENT_KEY.findall(raw)
         if len(found) != 1:
-            return
+            return False
         begin = raw.find(found[0]) + len(found[0])
         end = raw.find(b'"', begin)
         value = raw[begin:end]
         if b"\\" in value or value != content.encode():
-            return
-        self._head, self._tail = data[: start + begin], data[start + end :]
+            return False
+        self._raw_head, self._raw_tail = raw[:begin], raw[end:]
+        return True
 
     def close(self, time_ns: int) -> list[Event]:
         """End of stream.
@@ -263,6 +264,48 @@ class OpenAIStreamParser:
         ):
             self.chunks += 1
             _append_chunk(obj, time_ns, events)
+
+
+def _between(data: bytes, head: bytes, tail: bytes) -> str | None:
+    """The text between ``head`` and ``tail`` when ``data`` is exactly those around a JSON
+    string's plain characters (no quote, backslash or control character; valid UTF-8)."""
+    if data.startswith(head) and data.endswith(tail):
+        middle = data[len(head) : len(data) - len(tail)]
+        if _NOT_PLAIN.search(middle) is None:
+            try:
+                return middle.decode()
+            except UnicodeDecodeError:
+                return None
+    return None
+
+
+def _matches(data: bytes, head: bytes, tail: bytes) -> bool:
+    """``data`` has the learnt bytes around it (its content is what stopped it, if anything)."""
+    return bool(head) and data.startswith(head) and data.endswith(tail)
+
+
+def _plain_content(obj: dict[str, Any]) -> str | None:
+    """The content of a plain token chunk: one choice whose delta is its content alone, with
+    no usage, timings, error or finish reason; else None."""
+    try:  # subscripts that succeed only on a list of one dict holding a dict
+        (choice,) = obj["choices"]
+        delta = choice["delta"]
+        content = delta["content"]
+    except (KeyError, TypeError, ValueError):
+        return None
+    if (
+        type(content) is str
+        and content
+        and len(delta) == 1
+        and choice.get("finish_reason") is None
+        and "text" not in choice
+        and obj.get("usage") is None
+        and obj.get("timings") is None
+        and obj.get("error") is None
+        and obj.get("object") != "error"
+    ):
+        return content
+    return None
 
 
 def parse_openai_body(body: bytes, time_ns: int) -> list[Event]:
