@@ -531,3 +531,59 @@ def test_real_streams_read_as_the_reference_reads_them(name: str) -> None:
         parser = OpenAIStreamParser()
         got = [e for r in reads for e in parser.feed(r, 0)] + parser.close(0)
         assert untimed(got) == untimed(expected) and parser.chunks == reference_parser.chunks
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        # the delta's key spelt with an escape, a look-alike elsewhere
+        '{"id":"c","meta":{"content":"%s"},"choices":[{"index":0,'
+        '"delta":{"\\u0063ontent":"hi"},"finish_reason":null}]}',
+        # a key holding an escaped quote and the look-alike
+        '{"id\\"content":"%s","choices":[{"index":0,"delta":{"\\u0063ontent":"hi"}}]}',
+        # a duplicate key: the last one is the one read
+        '{"choices":[{"delta":{"content":"%s"}}],"choices":[{"delta":{"\\u0063ontent":"hi"}}]}',
+    ],
+)
+def test_look_alike_content_keys_are_not_learnt(template: str) -> None:
+    """A ``"content":"`` that is not the delta's, its value the token's: what is learnt from
+    it would read a later look-alike as the token. Nothing is learnt from an event with an
+    escape anywhere, so every key reads as it is spelt."""
+    reads = [sse(template % value) for value in ("hi", "hi", "EVIL", "x")]
+    expected, _ = run(reads)
+    for how in ("feed", "feed_token"):
+        parser = OpenAIStreamParser()
+        got: list[Event] = []
+        for read_ in reads:
+            out = getattr(parser, how)(read_, 0)
+            got += [ChunkReceived(0, out, "", None, None)] if isinstance(out, str) else out
+        got += parser.close(0)
+        assert untimed(got) == untimed(expected), how
+        assert [e.content for e in chunks(got)] == ["hi"] * 4
+
+
+def test_learning_stops_for_streams_that_never_fit_and_keeps_up_with_seconds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Attempts to learn are bounded for a stream whose tokens never fit (its content
+    escaped), and a stream whose ``created`` ticks each second keeps learning."""
+    attempts: list[bytes] = []
+    learn = OpenAIStreamParser._learn
+
+    def counting(self: OpenAIStreamParser, raw: bytes, content: str) -> bool:
+        attempts.append(raw)
+        return bool(learn(self, raw, content))
+
+    monkeypatch.setattr(OpenAIStreamParser, "_learn", counting)
+    parser = OpenAIStreamParser()
+    for i in range(100):
+        parser.feed_token(_vllm_like(f'"\\u4e2d{i}"'), 0)
+    assert len(attempts) <= 4
+    attempts.clear()
+    parser = OpenAIStreamParser()
+    texts = [
+        parser.feed_token(_vllm_like(f'" t{i}"', created=1700000000 + i // 30), 0)
+        for i in range(600)
+    ]
+    assert all(isinstance(t, str) for t in texts[1:])
+    assert len(attempts) == 20  # once per second's first token

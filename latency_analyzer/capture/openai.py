@@ -81,7 +81,8 @@ _MAX_TEXT_MESSAGE = 200  # characters of a non-JSON error body worth showing to 
 _CONTENT_KEY = re.compile(rb'"content"[ \t\r\n]*:[ \t\r\n]*"')
 #: What a JSON string's characters cannot be taken as they are: its end, an escape, controls.
 _NOT_PLAIN = re.compile(rb'["\\\x00-\x1f]')
-_MAX_MISSES = 4  # learnt reads that stopped matching before a stream is parsed every time
+_MAX_MISSES = 4  # attempts to learn that failed or did not last, before parsing every event
+_SERVED = 16  # events that learnt bytes must serve for their replacement not to be a miss
 
 
 class OpenAIStreamParser:
@@ -95,6 +96,7 @@ class OpenAIStreamParser:
         # empty until then. A stream that keeps changing them stops learning.
         self._raw_head = self._raw_tail = self._head = self._tail = b""
         self._misses = 0 if learn else _MAX_MISSES
+        self._learnt_at = 0  # self.chunks when the bytes were learnt
         self.chunks = 0
         """JSON object chunks parsed (including ``choices: []`` usage chunks; not errors)."""
         self.done = False
@@ -209,21 +211,27 @@ class OpenAIStreamParser:
         """Keep the bytes of an event's data ``raw``, a plain token's JSON, around its content
         string when that string is found there as it reads; tell whether it was.
 
-        The key must occur once with a string value: an unescaped quote can only be JSON's
-        own, so that is the delta's content. Its value must hold no backslash (then the next
-        quote ends it) and be ``content``'s UTF-8. A stream whose learnt bytes stop matching
-        (a per-chunk timestamp) learns again, a few times."""
-        if self._raw_head:
-            self._misses += 1
+        ``raw`` must hold no backslash at all: then every key is spelt as it reads (no
+        ``\\u0063ontent``, no escaped quote inside a key), so the delta's key is among the
+        matches of ``"content":"``; it must be the only match, and the next quote ends its
+        value, which must be ``content``'s UTF-8. Every attempt counts against
+        ``_MAX_MISSES`` but one that replaces bytes which served ``_SERVED`` events or more:
+        a stream that never fits stops trying, one whose bytes change now and then (a
+        ``created`` of whole seconds) keeps learning."""
+        if self._raw_head and self.chunks - self._learnt_at >= _SERVED:
+            self._misses -= 1  # replaced after serving its share: not a miss
+        self._misses += 1
         self._raw_head = self._raw_tail = self._head = self._tail = b""
+        if b"\\" in raw:
+            return False
         found = _CONTENT_KEY.findall(raw)
         if len(found) != 1:
             return False
         begin = raw.find(found[0]) + len(found[0])
         end = raw.find(b'"', begin)
-        value = raw[begin:end]
-        if b"\\" in value or value != content.encode():
+        if raw[begin:end] != content.encode():
             return False
+        self._learnt_at = self.chunks
         self._raw_head, self._raw_tail = raw[:begin], raw[end:]
         return True
 
