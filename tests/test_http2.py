@@ -100,6 +100,9 @@ async def test_alpn_h2_and_injected_delays(h2_tls: SubprocessH2LLMServer, ca: Te
     assert first.stages["h2_setup"].attributes["max_concurrent_streams"] == 100
     assert "settings_ack_ms" in first.attributes
     assert not any({"dns", "connect", "tls", "h2_setup"} & set(wf.stages) for wf in rest)
+    for wf in wfs + base:  # headers read with the first DATA frame are marked, else not
+        shared = wf.stages["wait"].end_ns == wf.chunk_times_ns[0]
+        assert wf.attributes.get("headers_read_with_body", False) == shared
     log = h2_tls.records()[seen:]
     assert len(log) == len(wfs) + len(base)
     wire = _waits_on_the_wire(capture.packets(), h2_tls.port, log)

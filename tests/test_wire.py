@@ -9,6 +9,7 @@ by the test.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
@@ -257,3 +258,36 @@ def test_a_capture_stopped_while_tcpdump_is_behind_keeps_every_packet() -> None:
     (flow,) = cap.flows()
     assert flow.data("out") == b"x" * 2000
     assert all(p.dst[1] == port or p.src[1] == port for p in cap.packets)
+
+
+@pytest.mark.parametrize("gap", [0.0, 0.05], ids=["one-write", "apart"])
+async def test_headers_read_with_body_bytes_are_marked(gap: float) -> None:
+    """A response whose headers came in one read with body bytes says so: the headers'
+    stamp (the end of ``wait``) is then that read's newest segment's arrival, the body's."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n"
+        if gap:
+            writer.write(head)
+            await writer.drain()
+            await asyncio.sleep(gap)
+            writer.write(b"{}")
+        else:
+            writer.write(head + b"{}")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    async with server, la.Client(f"http://127.0.0.1:{port}") as client:
+        wf = await client.request("/x", method="GET")
+    assert wf.ok, wf.error
+    assert_exact(wf)
+    flagged = wf.attributes.get("headers_read_with_body", False)
+    headers_at, body_at = wf.stages["wait"].end_ns, wf.root.end_ns
+    assert flagged == (headers_at == body_at)  # one read, one stamp
+    if not gap:
+        assert flagged
+    elif not flagged:  # read apart, as the 50 ms between the writes lets the loop do
+        assert body_at - headers_at >= gap * 1e9

@@ -231,6 +231,9 @@ class H2Streams(H2Base):
         self._h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
         stream = self._streams.get(event.stream_id)
         if stream is not None and stream.consumer is not None and event.data:
+            rec = stream.state.recorder
+            if rec.headers_ns == t:  # the headers' read brought body bytes too: one stamp
+                rec.attributes["headers_read_with_body"] = True
             self._note_read(stream, t)
             stream.consumer.feed(bytes(event.data), t)
 

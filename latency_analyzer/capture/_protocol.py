@@ -237,6 +237,8 @@ class TimedProtocol(ResponseHandler):
         if payload is not before and rec.headers_ns is None:
             self.close_send()
             rec.response_headers(t)
+            if payload.total_bytes:  # the stamp is the read's newest segment: maybe the body's
+                rec.attributes["headers_read_with_body"] = True
         sink = self._sink
         if sink is not None and payload is self._sink_payload:
             self._read_t = t

@@ -17,9 +17,10 @@ plaintext handed over.
 Precision: a stamp is the arrival of the newest segment in the read. While our loop keeps
 up that is the segment itself (within a few µs of a packet capture). When it falls behind,
 segments queue, the kernel merges them into one buffer (receive coalescing) and keeps the
-newest stamp, so bytes read late carry the arrival of the last segment that joined them, at
-most the read lag late. Reads that completed several content events are counted on the
-waterfall (``multi_event_reads``).
+newest stamp, so bytes read late carry the arrival of the last segment that joined them;
+their own arrival lies after the socket's previous read began (the read lag does not bound
+it). Reads that completed several content events are counted on the waterfall
+(``multi_event_reads``).
 
 The kernel stamps ``CLOCK_REALTIME``; the process's clock anchor maps it onto
 ``perf_counter_ns`` (``CLOCK_MONOTONIC``). Where the option is refused or the platform is not

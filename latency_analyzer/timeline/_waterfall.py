@@ -40,7 +40,10 @@ class Waterfall:
     segment, so chunks that shared one read share its stamp; ``multi_event_reads`` counts
     the reads where a content chunk had more events after it, and ``shared_read_chunks``
     names those chunks (indices into ``chunk_times_ns``): each carries the arrival of bytes
-    that came after it, late by at most the read lag. ``read_lag_p50_ns`` /
+    that came after it: its own arrival lies after the connection's previous read began, and
+    no later than that stamp (the read lag does not bound it). The response headers' read
+    is marked the same way: ``attributes["headers_read_with_body"]`` when it also brought
+    body bytes, so the end of ``wait`` may be their arrival. ``read_lag_p50_ns`` /
     ``read_lag_max_ns``: how long after the kernel's stamp our event loop read the bytes
     (median and worst of the response's ``reads``).
 
