@@ -10,7 +10,9 @@ on the ``perf_counter_ns`` clock waterfalls use (through the process's clock anc
   the flight from ServerHello to Finished: what completes the client's handshake);
 * ``second_ns``: the client's next bytes (its Finished, and what it sends right behind it);
 * ``server_bytes``: ``(stamp, payload length)`` of everything the server sent after that;
-* ``client_bytes``: the same for the client, from ``second_ns`` on.
+* ``client_bytes``: the same for the client, from ``second_ns`` on;
+* ``client_packets``: the stamp of every packet the client sent, bare ACKs included (what
+  :meth:`Handshake.reaction_ns` looks in).
 """
 
 from __future__ import annotations
@@ -31,6 +33,15 @@ class Handshake:
     second_ns: int | None = None
     server_bytes: list[tuple[int, int]] = field(default_factory=list)
     client_bytes: list[tuple[int, int]] = field(default_factory=list)
+    client_packets: list[int] = field(default_factory=list)
+
+    def reaction_ns(self) -> int | None:
+        """The client's first packet after the server's flight ended: its ACK, sent by the
+        kernel as it delivered the flight (a new connection acknowledges at once), or the
+        Finished that carried the ACK. None: the capture holds no such packet."""
+        end = self.flight_end_ns
+        after = [t for t in self.client_packets if end is not None and t > end]
+        return min(after) if after else None
 
 
 def handshakes(packets: list[Packet], server_port: int) -> list[Handshake]:
@@ -48,6 +59,8 @@ def handshakes(packets: list[Packet], server_port: int) -> list[Handshake]:
             continue
         if not from_client and p.flags == "SA":
             hs.synack_ns = t
+        if from_client:
+            hs.client_packets.append(t)
         if not p.payload:
             continue
         if from_client:

@@ -322,27 +322,32 @@ async def test_round_trip_delay_shows_in_tls_and_wait(ca: TestCA, server_pem: Pa
                     wfs = await _cold_tls_series(proxy_port, ca, 10)
             found = handshakes(capture.packets(), proxy_port)
             relayed = handshakes(capture.packets(), llm.port)  # the proxy's own, one each
-            rounds[delay], tls_ends = [], []
+            rounds[delay], tls_ends, answered = [], [], []
             for wf in wfs:
                 hs, tls = during(found, wf.root.start_ns, wf.root.end_ns), wf.stages["tls"]
                 assert hs.hello_ns is not None and hs.flight_end_ns is not None
                 assert tls.start_ns <= hs.hello_ns  # the stage holds the whole exchange
                 tls_ends.append(tls.end_ns - hs.flight_end_ns)
+                reaction = hs.reaction_ns()
+                answered.append(None if reaction is None else reaction - tls.end_ns)
                 rounds[delay].append((tls.end_ns - hs.hello_ns) / 1e9)
-            # its end is the flight's arrival, as the kernel stamped it for both of us
-            hold_each(f"tls end, delay {delay}", tls_ends, LOOPBACK_NS, steal)
-            # the SYN/ACK comes from the local proxy, at once, as the wire shows: connect
-            # holds none of the delayed path (how soon a busy host returns from the connect
-            # syscall is the client's own time, which this test does not measure). Both
-            # stamps are the kernel's own, so this is the test bed's property, not the
-            # client's: at the median within loopback time, and every one far inside the
-            # one-way delay (the kernel defers a handshake's softirq by up to ~1 ms now and
-            # then, seen in a quiet run as 3 of 10 SYN/ACKs 0.75-1.12 ms after their SYN)
+            # its end is the flight's arrival, as the kernel stamped it for both of us (or
+            # delivered it: a late delivery shows as our ACK leaving right after our stamp,
+            # which is the kernel's: no read of ours was stamped in userspace)
+            assert all(wf.clock_source == "kernel" for wf in wfs), [wf.clock_source for wf in wfs]
+            hold_each(f"tls end, delay {delay}", tls_ends, LOOPBACK_NS, steal, False, answered)
+            # the SYN/ACK comes from the local proxy, not through the delay, as the wire
+            # shows: connect holds none of the delayed path (how soon a busy host returns
+            # from the connect syscall is the client's own time, which this test does not
+            # measure). Both stamps are the kernel's own, so this is the test bed's
+            # property, not the client's: every one far inside the one-way delay. How soon
+            # within it is the kernel's: it defers a handshake's softirq by ~1 ms in phases
+            # (seen in quiet runs here: 3 of 10 SYN/ACKs 0.75-1.12 ms after their SYN, and
+            # in another half of them, median 0.61 ms)
             synacks = []
             for h in found:
                 assert h.synack_ns is not None
                 synacks.append(h.synack_ns - h.syn_ns)
-            assert statistics.median(synacks) <= LOOPBACK_NS, (delay, synacks)
             assert max(synacks) < one_way * 1e9 / 2, (delay, synacks)
             tls_medians[delay] = _median(wfs, "tls")
             # wait on the wire: from the request's last segment leaving (the last the client

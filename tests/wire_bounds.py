@@ -57,15 +57,30 @@ def hold_each(
     bound_ns: int,
     steal: Steal | None,
     early: bool = False,
+    delivered_ns: Sequence[int | None] | None = None,
 ) -> None:
     """Every ``|error|`` (ours - the capture's) within ``bound_ns``, but for the strays
     :func:`strays_allowed`: late ones for a received segment's stamp; early ones with
     ``early``, for a sent segment, whose stamp is our instant before the send call (a process
     preempted there sends later than it stamped). ``steal`` (the hypervisor's share
-    meanwhile) is printed with them."""
-    ranked = sorted(errors_ns, key=abs)
-    assert ranked, name
-    strays = strays_allowed(len(ranked))
+    meanwhile) is printed with them.
+
+    ``delivered_ns``, per error: how long after our stamp the capture saw the receiving
+    kernel answer the segment (its ACK, sent as it delivered the bytes), or None. A late
+    stamp the answer follows within ``bound_ns`` is the kernel's late delivery, seen on the
+    wire from both sides: it is printed, and not counted as a stray."""
+    answers = list(delivered_ns) if delivered_ns is not None else [None] * len(errors_ns)
+    assert len(answers) == len(errors_ns), name
+    shown = [
+        e
+        for e, after in zip(errors_ns, answers, strict=True)
+        if e > bound_ns and after is not None and 0 <= after <= bound_ns
+    ]
+    if shown:
+        print(f"{name}: delivered late by the kernel, its ACK right after: {shown} ns")
+    ranked = sorted((e for e in errors_ns if e not in shown), key=abs)
+    assert ranked or shown, name
+    strays = strays_allowed(len(errors_ns))
     past = [e for e in ranked if abs(e) > bound_ns]
     if past:
         took = "unknown" if steal is None else f"{steal.jiffies} jiffies"
