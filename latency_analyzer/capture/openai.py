@@ -128,12 +128,11 @@ class OpenAIStreamParser:
         head, tail = self._raw_head, self._raw_tail
         for raw in self._sse.feed_raw(data):
             if type(raw) is bytes:  # a whole event as received
-                if head and len(raw) > len(head) + len(tail):
-                    text = _between(raw, head, tail)
-                    if text is not None:  # a learnt plain token: what _append_chunk makes
-                        self.chunks += 1
-                        events.append(_chunk_received(time_ns, text, "", None, None, False))
-                        continue
+                text = _between(raw, head, tail)
+                if text is not None:  # a learnt plain token: what _append_chunk makes
+                    self.chunks += 1
+                    events.append(_chunk_received(time_ns, text, "", None, None, False))
+                    continue
                 try:
                     obj: Any = loads(raw if from_bytes else raw.decode("utf-8", "replace"))
                 except (ValueError, RecursionError):
@@ -166,22 +165,19 @@ class OpenAIStreamParser:
         control character, valid UTF-8, is that string's token without a JSON parse: the
         same characters cannot end the string elsewhere or mean anything else.
         """
-        head, tail = self._head, self._tail
-        if head and len(data) > len(head) + len(tail) and self._sse.idle:
-            text = _between(data, head, tail)
-            if text is not None:
-                self.chunks += 1
-                return text
+        text = _between(data, self._head, self._tail)
+        if text is not None and self._sse.idle:
+            self.chunks += 1
+            return text
         raw = self._sse.take_single(data) if _bytes_loads is not None else None
         if raw is None:
             return self.feed(data, time_ns)
         raw_head, raw_tail = self._raw_head, self._raw_tail
-        if raw_head and len(raw) > len(raw_head) + len(raw_tail):
-            text = _between(raw, raw_head, raw_tail)
-            if text is not None:  # learnt from an event of a longer read: this read's framing
-                self.chunks += 1
-                self._frame(data, raw)
-                return text
+        text = _between(raw, raw_head, raw_tail)
+        if text is not None:  # learnt from an event of a longer read: this read's framing
+            self.chunks += 1
+            self._frame(data, raw)
+            return text
         try:
             obj: Any = _bytes_loads(raw)  # type: ignore[misc]
         except (ValueError, RecursionError):
@@ -275,9 +271,10 @@ class OpenAIStreamParser:
 
 
 def _between(data: bytes, head: bytes, tail: bytes) -> str | None:
-    """The text between ``head`` and ``tail`` when ``data`` is exactly those around a JSON
-    string's plain characters (no quote, backslash or control character; valid UTF-8)."""
-    if data.startswith(head) and data.endswith(tail):
+    """The text between ``head`` and ``tail`` (learnt: not empty) when ``data`` is exactly
+    those around a JSON string's plain characters (at least one; no quote, backslash or
+    control character; valid UTF-8)."""
+    if head and len(data) > len(head) + len(tail) and data.startswith(head) and data.endswith(tail):
         middle = data[len(head) : len(data) - len(tail)]
         if _NOT_PLAIN.search(middle) is None:
             try:

@@ -152,8 +152,7 @@ class SSEParser:
         blank line, LF endings) and nothing is pending: the usual read of a streamed token,
         taken as :meth:`feed_raw` takes it. Else None, and ``data`` is left unread."""
         if (
-            self._bom_checked
-            and not (self._tail or self._in_event or self._skip_lf or self._closed)
+            self.idle
             and data.find(_LF) == len(data) - 2
             and data[-2:] == b"\n\n"
             and data[:5] == b"data:"
