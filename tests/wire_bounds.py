@@ -65,7 +65,7 @@ def hold_each(
     :func:`strays_allowed`: late ones for a received segment's stamp; early ones with
     ``early``, for a sent segment, whose stamp is our instant before the send call (a process
     preempted there sends later than it stamped). ``steal`` (the hypervisor's share
-    meanwhile) is printed with them.
+    meanwhile) is printed with them, and each of its jiffies lets one more stray past.
 
     ``delivered_ns``, per error: how long after our stamp the capture saw the receiving
     kernel answer the segment (its ACK, sent as it delivered the bytes), or None. A late
