@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import assert_exact, chat_body, tolerance
 from handshakes import during, handshakes
-from wire_bounds import LOOPBACK_NS, Steal, hold_each
+from wire_bounds import LOOPBACK_NS, Steal, hold_each, read_end_error
 
 import latency_analyzer as la
 from latency_analyzer.testing import (
@@ -27,7 +27,8 @@ from latency_analyzer.testing import (
     TestCA,
 )
 from latency_analyzer.testing.pcap import require_tcpdump
-from latency_analyzer.testing.tcpdump import TcpDump
+from latency_analyzer.testing.tcpdump import Packet, TcpDump
+from latency_analyzer.timeline import process_anchor
 
 HEADER_DELAY, PREFILL, DECODE, TOKENS = 0.020, 0.040, 0.005, 20
 N = 20
@@ -104,9 +105,13 @@ async def test_header_prefill_and_decode_land_in_their_stages(llm: SubprocessLLM
 
 @pytest.mark.usefixtures("realtime")  # see _PROMPT_READS
 async def test_stage_instants_match_server_ground_truth(llm: SubprocessLLMServer) -> None:
-    """Each client instant follows the server's own write by loopback latency only."""
-    wfs = await _series(llm.url, 9)
-    records = llm.records[-9:]
+    """Each client instant follows the server's own write by loopback latency only: every
+    one within 0.5 ms of it, but for the strays :func:`wire_bounds.hold_each` lets past (a
+    segment the kernel delivered late, a server the hypervisor stopped between its stamp and
+    its write)."""
+    with Steal() as steal:
+        wfs = await _series(llm.url, N)
+    records = llm.records[-N:]
     lags: dict[str, list[int]] = {"headers": [], "first": [], "last": []}
     for wf, rec in zip(wfs, records, strict=True):
         assert rec.headers_ns is not None and rec.first_token_ns is not None
@@ -116,7 +121,7 @@ async def test_stage_instants_match_server_ground_truth(llm: SubprocessLLMServer
         lags["last"].append(wf.last_token_ns - rec.chunk_ns[-1])
     for name, values in lags.items():
         assert min(values) >= 0, name  # causality: nothing arrives before it was sent
-        assert statistics.median(values) < 500_000, name  # loopback: well under 0.5 ms
+        hold_each(f"{name} after the server's write", values, LOOPBACK_NS, steal)
 
 
 @pytest.mark.usefixtures("realtime")  # see _PROMPT_READS
@@ -127,7 +132,8 @@ async def test_tokens_per_chunk_give_equal_per_token_gaps(llm: SubprocessLLMServ
     # is asked again. The stamps' precision against the wire is test_wire's and the chunk
     # gaps' against the server's writes that of every other stream test here.
     for _ in range(5):
-        wf = (await _series(llm.url, 1, tokens=12, tokens_per_chunk=3, decode=0.004))[0]
+        with Steal() as steal:
+            wf = (await _series(llm.url, 1, tokens=12, tokens_per_chunk=3, decode=0.004))[0]
         if 0 not in wf.chunk_gaps:
             break
     assert 0 not in wf.chunk_gaps, wf.chunk_gaps
@@ -140,15 +146,19 @@ async def test_tokens_per_chunk_give_equal_per_token_gaps(llm: SubprocessLLMServ
         due_s = HEADER_DELAY + PREFILL + (3 * k + 2) * 0.004
         assert written_ns - rec.received_ns >= round(due_s * 1e9)
     # each chunk's stamp after the server's write of it by the same time (one clock, shared
-    # by the two processes), within 0.25 ms: so each chunk gap is the written gap within
-    # 0.5 ms; but for at most one chunk, later: read with the next event's bytes (the usage
-    # chunk follows the last token) or delivered late by the kernel (tests/wire_bounds.py)
+    # by the two processes), within 0.25 ms of the promptest: so each chunk gap is the written
+    # gap within 0.25 ms; but for at most one chunk, later: read with the next event's bytes
+    # (the usage chunk follows the last token) or delivered late by the kernel, and one more
+    # per jiffy the hypervisor took meanwhile (tests/wire_bounds.py). Held against the
+    # promptest, not the median: with two late the median would call the prompt ones early
     after = [t - w for t, w in zip(wf.chunk_times_ns, rec.chunk_ns, strict=True)]
     assert min(after) >= 0, after  # never before the server wrote it
-    base = statistics.median(after)
-    off = [d - base for d in after if abs(d - base) > 250_000]
-    print(f"chunk stamp - server write (us): {[round(d / 1e3, 1) for d in after]}")
-    assert len(off) <= 1 and all(d > 0 for d in off), (after, rec.chunk_ns)
+    late = [d - min(after) for d in after if d - min(after) > 250_000]
+    print(
+        f"chunk stamp - server write (us): {[round(d / 1e3, 1) for d in after]}"
+        f" (steal meanwhile: {steal.jiffies} jiffies)"
+    )
+    assert len(late) <= 1 + steal.jiffies, (after, rec.chunk_ns)
     assert len(wf.itl) == 11
     for i, gap in enumerate(wf.chunk_gaps):
         assert wf.itl[2 + 3 * i : 5 + 3 * i] == pytest.approx([gap / 3] * 3, abs=1e-9)
@@ -167,39 +177,55 @@ with DNSServer(delay=float(sys.argv[1])).run_in_thread() as dns:
 """
 
 
+def _lookup_on_the_wire(packets: list[Packet], port: int, start_ns: int, end_ns: int) -> int:
+    """The lookup inside ``[start_ns, end_ns]`` as the capture saw it: its first query leaving
+    to its last answer arriving (kernel stamps, on the ``perf_counter_ns`` clock)."""
+    anchor = process_anchor()
+    inside = [(anchor.to_perf_ns(p.epoch_ns), p) for p in packets]
+    inside = [(t, p) for t, p in inside if start_ns <= t <= end_ns]
+    queries = [t for t, p in inside if p.dport == port]
+    answers = [t for t, p in inside if p.sport == port]
+    assert len(queries) == len(answers) == 2, (queries, answers)  # A and AAAA, no resend
+    return max(answers) - min(queries)
+
+
 async def _lookups_via_child(url: str, delay: float, n: int) -> tuple[list[int], list[int]]:
     """``n`` probes resolving through a DNS server in its own process (no GIL shared with the
-    client): the client's dns stages and, from the server's log, each lookup's server time
-    (first query received to last answer written; CLOCK_MONOTONIC is shared by processes)."""
+    client): the client's dns stages and each lookup on the wire (a capture on ``lo``: first
+    query leaving to last answer arriving). The server's own log is not the truth: a server
+    process the host keeps waiting stamps its answers late, after they left."""
+    require_tcpdump()
     args = [sys.executable, "-c", _DNS_CHILD, str(delay)]
     with subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as child:
         assert child.stdin is not None and child.stdout is not None
-        nameserver = f"127.0.0.1:{int(child.stdout.readline())}"
-        wfs = [await la.aprobe(url, resolver=nameserver) for _ in range(n)]
+        port = int(child.stdout.readline())
+        with TcpDump(f"udp port {port}") as capture:
+            wfs = [await la.aprobe(url, resolver=f"127.0.0.1:{port}") for _ in range(n)]
         child.stdin.close()
         log = json.loads(child.stdout.readline())
     for wf in wfs:
         assert wf.ok and wf.stages["dns"].attributes["addresses"] == "127.0.0.1,::1"
         assert_exact(wf)
-    assert len(log) == 2 * n  # A and AAAA per lookup
-    server = [max(a[1], b[1]) - min(a[0], b[0]) for a, b in zip(log[::2], log[1::2], strict=True)]
-    return [wf.stages["dns"].duration_ns for wf in wfs], server
+    assert len(log) == 2 * n  # A and AAAA per lookup, as the server saw them
+    packets = capture.packets()
+    wire = [_lookup_on_the_wire(packets, port, wf.root.start_ns, wf.root.end_ns) for wf in wfs]
+    return [wf.stages["dns"].duration_ns for wf in wfs], wire
 
 
 async def test_dns_delay_lands_in_dns() -> None:
     """The injected DNS delay shows up in ``dns``, fully, and nothing else does.
 
-    Ground truth is the DNS server's own log: from the first query of a lookup received to its
-    last answer written. What the client adds on top of that (its resolver's work, loopback)
+    Ground truth is a capture on ``lo``: from a lookup's first query leaving to its last answer
+    arriving. What the client adds on top of that (its resolver's work before the first query)
     must not change when the server takes 20 ms longer.
     """
     async with LLMServer() as llm:
         url = f"http://llm.test:{llm.port}/health"
         added, served = {}, {}
         for delay in (0.0, 0.020):
-            dns_ns, server = await _lookups_via_child(url, delay, 15)
-            added[delay] = statistics.median(d - s for d, s in zip(dns_ns, server, strict=True))
-            served[delay] = statistics.median(server) / 1e9
+            dns_ns, wire = await _lookups_via_child(url, delay, 15)
+            added[delay] = statistics.median(d - w for d, w in zip(dns_ns, wire, strict=True))
+            served[delay] = statistics.median(wire) / 1e9
     assert served[0.020] >= 0.020  # the server did wait (its own precision: test_testbed)
     # the client's share of the dns stage is the same with and without the delay: the stage
     # grew by exactly what the server added
@@ -209,27 +235,34 @@ async def test_dns_delay_lands_in_dns() -> None:
 async def test_concurrent_requests_each_record_the_dns_wait_they_had() -> None:
     """aiohttp shares one in-flight lookup: the request that waits on it still shows the wait.
 
-    Truth: the DNS server's log (its own process): one lookup, 30 ms from its first query
-    received to its last answer written, which both requests waited for.
+    Truth: a capture on ``lo`` of the one lookup (the DNS server in its own process answers
+    after 30 ms): from its first query leaving to its last answer arriving, which both
+    requests waited for. The server's log counts the lookup too, once.
     """
+    require_tcpdump()
     args = [sys.executable, "-c", _DNS_CHILD, "0.030"]
     async with LLMServer() as llm:
         with subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as d:
             assert d.stdin is not None and d.stdout is not None
-            nameserver = f"127.0.0.1:{int(d.stdout.readline())}"
-            async with la.Client(resolver=nameserver, limit=2) as client:
-                a, b = await asyncio.gather(
-                    client.request(f"http://llm.test:{llm.port}/health"),
-                    client.request(f"http://llm.test:{llm.port}/health"),
-                )
+            port = int(d.stdout.readline())
+            with Steal() as steal, TcpDump(f"udp port {port}") as capture:
+                async with la.Client(resolver=f"127.0.0.1:{port}", limit=2) as client:
+                    a, b = await asyncio.gather(
+                        client.request(f"http://llm.test:{llm.port}/health"),
+                        client.request(f"http://llm.test:{llm.port}/health"),
+                    )
             d.stdin.close()
             log = json.loads(d.stdout.readline())
     assert len(log) == 2  # one lookup (A + AAAA) for both requests
-    served = max(q[1] for q in log) - min(q[0] for q in log)
+    start, end = min(a.root.start_ns, b.root.start_ns), max(a.root.end_ns, b.root.end_ns)
+    served = _lookup_on_the_wire(capture.packets(), port, start, end)
     assert served >= 30_000_000
-    for wf in (a, b):  # each waited the whole lookup, as the server served it
+    for wf in (a, b):
         assert_exact(wf)
-        assert abs(wf.stages["dns"].duration_ns - served) < tolerance(0.030) * 1e9
+    # each waited the whole lookup, as the wire shows it: a stage longer than the wire's (a
+    # client the hypervisor stopped between its stamp and the query) is let past per jiffy
+    errors = [wf.stages["dns"].duration_ns - served for wf in (a, b)]
+    hold_each("dns vs the wire", errors, int(tolerance(0.030) * 1e9), steal)
     # the same lookup, not a cache hit for the second
     assert abs(a.stages["dns"].duration_ns - b.stages["dns"].duration_ns) < 1_000_000
 
@@ -340,15 +373,18 @@ async def test_round_trip_delay_shows_in_tls_and_wait(ca: TestCA, server_pem: Pa
             # shows: connect holds none of the delayed path (how soon a busy host returns
             # from the connect syscall is the client's own time, which this test does not
             # measure). Both stamps are the kernel's own, so this is the test bed's
-            # property, not the client's: every one far inside the one-way delay. How soon
-            # within it is the kernel's: it defers a handshake's softirq by ~1 ms in phases
+            # property, not the client's: every one inside the round trip that a delayed
+            # handshake would take at least, and their median far inside the one-way delay.
+            # How soon is the kernel's: it defers a handshake's softirq by ~1 ms in phases
             # (seen in quiet runs here: 3 of 10 SYN/ACKs 0.75-1.12 ms after their SYN, and
-            # in another half of them, median 0.61 ms)
+            # in another half of them, median 0.61 ms), and under heavy steal by more (one
+            # 4.3 ms after its SYN, 188 jiffies stolen in a 6 s run)
             synacks = []
             for h in found:
                 assert h.synack_ns is not None
                 synacks.append(h.synack_ns - h.syn_ns)
-            assert max(synacks) < one_way * 1e9 / 2, (delay, synacks)
+            assert max(synacks) < 2 * one_way * 1e9, (delay, synacks)
+            assert statistics.median(synacks) < one_way * 1e9 / 2, (delay, synacks)
             tls_medians[delay] = _median(wfs, "tls")
             # wait on the wire: from the request's last segment leaving (the last the client
             # sent before the server read it) to the segment that ended the read of the
@@ -365,9 +401,8 @@ async def test_round_trip_delay_shows_in_tls_and_wait(ca: TestCA, server_pem: Pa
                 sent = max(t for t, _ in hs.client_bytes if t <= rec.received_ns)
                 came = _same_byte(leg.server_bytes, hs.server_bytes, rec.headers_ns)
                 assert wait.end_ns >= came - 20_000  # never before its bytes came (anchor)
-                later = (t for t, _ in hs.server_bytes if t >= came)
                 starts.append(wait.start_ns - sent)
-                ends.append(min((wait.end_ns - t for t in later), key=abs))
+                ends.append(read_end_error(wait.end_ns, came, (t for t, _ in hs.server_bytes)))
                 wire.append(came - sent)
             for edge, errors in (("start", starts), ("end", ends)):
                 name = f"wait {edge} vs the wire, delay {delay}"
@@ -376,22 +411,26 @@ async def test_round_trip_delay_shows_in_tls_and_wait(ca: TestCA, server_pem: Pa
             wire_waits[delay] = statistics.median(wire) / 1e9
     rtt = 2 * one_way
     assert tls_medians[one_way] >= rtt
-    # on the wire the handshake gained the round trip (the server's crypto, in its own
-    # real-time process, is the jitter around it)
+    # On the wire the handshake gained one round trip, not two (TLS 1.3), and the exchange
+    # gained at least the round trip. Both gains are the test bed's: the proxy's timers and
+    # the server's work, each in a process of its own, are late by whatever the host keeps
+    # them waiting (2.6 ms for the exchange in a quiet CI run with heavy steal). Our stamps
+    # are held to this capture above, where that lateness cannot move them.
     gained = statistics.median(rounds[one_way]) - statistics.median(rounds[0.0])
-    assert abs(gained - rtt) <= 0.0015, rounds
-    # on the wire the exchange gained the round trip as the proxy kept it (its timers, in a
-    # real-time process of its own, are the jitter around it)
-    assert abs(wire_waits[one_way] - wire_waits[0.0] - rtt) <= 0.0015, wire_waits
+    assert rtt - 0.0015 <= gained < 1.5 * rtt, rounds
+    assert wire_waits[one_way] - wire_waits[0.0] >= rtt - 0.0015, wire_waits
 
 
 async def test_first_lookup_of_a_process_does_not_count_our_imports() -> None:
     """dnspython loads its backend and record classes on first use: not inside a dns stage.
 
     A fresh client process probes three times through a DNS server in a process of its own;
-    what each dns stage holds beyond the server's logged service time is the client's share,
-    and the first lookup's share is no larger than the later ones'.
+    what each dns stage holds beyond the lookup on the wire (a capture on ``lo``: first query
+    leaving to last answer arriving) is the client's share, and the first lookup's share is
+    no larger than the later ones' by 2 ms (unless the hypervisor stopped the vCPU meanwhile:
+    then one stolen jiffy lets it past, as :func:`wire_bounds.hold_each` does).
     """
+    require_tcpdump()
     code = (
         "import asyncio, json, sys; import latency_analyzer as la\n"
         "from latency_analyzer.testing import LLMServer\n"
@@ -399,20 +438,25 @@ async def test_first_lookup_of_a_process_does_not_count_our_imports() -> None:
         "    async with LLMServer() as llm:\n"
         "        url = f'http://llm.test:{llm.port}/health'\n"
         "        wfs = [await la.aprobe(url, resolver=sys.argv[1]) for _ in range(3)]\n"
-        "    print(json.dumps([wf.stages['dns'].duration_ns for wf in wfs]))\n"
+        "    print(json.dumps([[wf.stages['dns'].duration_ns, wf.root.start_ns, wf.root.end_ns]\n"
+        "                      for wf in wfs]))\n"
         "asyncio.run(main())\n"
     )
     args = [sys.executable, "-c", _DNS_CHILD, "0"]
     with subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as dns:
         assert dns.stdin is not None and dns.stdout is not None
-        nameserver = f"127.0.0.1:{int(dns.stdout.readline())}"
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", code, nameserver, stdout=asyncio.subprocess.PIPE
-        )
-        out, _ = await proc.communicate()
+        port = int(dns.stdout.readline())
+        with Steal() as steal, TcpDump(f"udp port {port}") as capture:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-c", code, f"127.0.0.1:{port}", stdout=asyncio.subprocess.PIPE
+            )
+            out, _ = await proc.communicate()
         dns.stdin.close()
         log = json.loads(dns.stdout.readline())
-    stages = json.loads(out)
-    served = [max(a[1], b[1]) - min(a[0], b[0]) for a, b in zip(log[::2], log[1::2], strict=True)]
-    first, *later = (d - s for d, s in zip(stages, served, strict=True))
-    assert first < min(later) + 2_000_000  # a fresh process's first lookup is not ms slower
+    assert len(log) == 6  # A and AAAA per lookup, as the server saw them
+    packets = capture.packets()
+    # perf_counter_ns is CLOCK_MONOTONIC, one clock for the child's stamps and ours
+    shares = [d - _lookup_on_the_wire(packets, port, a, b) for d, a, b in json.loads(out)]
+    first, *later = shares
+    assert all(s >= -20_000 for s in shares), shares  # a stage holds its lookup (anchor)
+    hold_each("first lookup's share over the later ones'", [first - min(later)], 2_000_000, steal)

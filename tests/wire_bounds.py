@@ -25,12 +25,27 @@ test, 7 of 40 header stamps 0.5-2 ms after their capture).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from latency_analyzer.load._monitor import cpu_times
 
 LOOPBACK_NS = 500_000  # a packet's capture stamp to its receive stamp on lo, with room
 MIN_SAMPLE = 10  # below this, no boundary is let past the bound: one stray is the sample
+ANCHOR_NS = 20_000  # a capture's epoch stamp on this process's perf_counter clock, give or take
+
+
+def read_end_error(
+    ours_ns: int, own_ns: int, arrivals_ns: Iterable[int], slack_ns: int = ANCHOR_NS
+) -> int:
+    """Our stamp of a read's end minus the captured arrival that ended the read.
+
+    A read that returned several segments carries the kernel's stamp of the last of them, so
+    that arrival is the latest from the boundary's own segment (``own_ns``) to our stamp,
+    give or take the anchor (``slack_ns``). The nearest either side would pair a late stamp
+    with a segment that came after it and call it early. With none, the stamp is early,
+    held against the boundary's own segment."""
+    took = [t for t in arrivals_ns if own_ns <= t <= ours_ns + slack_ns]
+    return ours_ns - (max(took) if took else own_ns)
 
 
 class Steal:
