@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import assert_exact, chat_body, open_sockets, tolerance
 from handshakes import during, handshakes
-from wire_bounds import LOOPBACK_NS, Steal, hold_each
+from wire_bounds import LOOPBACK_NS, Steal, hold_each, read_end_error
 
 import latency_analyzer as la
 from latency_analyzer.testing import H2LLMServer, LLMServer, TestCA
@@ -114,10 +114,12 @@ async def test_alpn_h2_and_injected_delays(h2_tls: SubprocessH2LLMServer, ca: Te
     # the server holds a delayed stream's headers 20 ms after reading its request, at least
     assert min(b - a for a, b in wire[: len(wfs)]) >= HEADER_DELAY * 1e9
     assert min(w.duration_ns for w in waits[: len(wfs)]) >= HEADER_DELAY * 1e9
-    on_wire = [(b - a) / 1e9 for a, b in wire]
-    recovered = _median(wfs, "wait") - _median(base, "wait")
-    held = statistics.median(on_wire[: len(wfs)]) - statistics.median(on_wire[len(wfs) :])
-    assert abs(recovered - held) <= WIRE_MEDIAN_S, (recovered, held)
+    # request by request, our wait is the wire's, with and without the delay: the median error
+    # (the strays above hardly move it; a difference of two groups' medians, each picked from
+    # different requests, would move with how the host spread them)
+    errors = [w.duration_ns - (b - a) for w, (a, b) in zip(waits, wire, strict=True)]
+    for group in (errors[: len(wfs)], errors[len(wfs) :]):
+        assert statistics.median(abs(e) for e in group) <= WIRE_MEDIAN_S * 1e9, group
     assert _median(base, "wait") < 0.005  # the server's own handling, small beside 20 ms
     assert abs(_median(wfs, "first_token") - PREFILL) <= tolerance(PREFILL)
     decode = (TOKENS - 1) * DECODE
@@ -418,8 +420,10 @@ async def test_nginx_http2_and_curl_agree(nginx: str, ca: TestCA, tmp_path: Path
         lead.append(hs.syn_ns - connect.start_ns)
         tls_ends.append(tls.end_ns - hs.flight_end_ns)
     hold_each("tls end", tls_ends, LOOPBACK_NS, steal)  # one kernel stamp, two views
-    # the instant before the syscall is the SYN's, give or take the syscall's own entry
-    assert statistics.median(lead) <= LOOPBACK_NS, lead
+    # the instant before the syscall is the SYN's, give or take the syscall's own entry; the
+    # hypervisor stopping the vCPU inside the call (CI: 4 of 10 SYNs ~0.86 ms after the stamp)
+    # is let past per stolen jiffy, on the side it moves the stamp: early
+    hold_each("connect start", [-d for d in lead], LOOPBACK_NS, steal, early=True)
 
 
 # -- regressions found in review --
@@ -552,22 +556,25 @@ async def test_a_cold_http2_request_has_no_extra_round_trip_on_the_wire(
     one_way = 0.020
     ours: list[la.Waterfall] = []
     with _proxy_process(int(nginx.rsplit(":", 1)[1]), one_way) as port:
-        with TcpDump(f"tcp port {port}") as capture:
+        with Steal() as steal, TcpDump(f"tcp port {port}") as capture:
             for _ in range(6):
                 async with la.Client(ssl=ca.client_context()) as client:
                     ours.append(_check(await client.request(f"https://127.0.0.1:{port}/health")))
     assert all(wf.ok and wf.http_version == "2" for wf in ours), [wf.error for wf in ours]
     found = handshakes(capture.packets(), port)
     rtt = 2 * one_way
+    ends = []
     for wf in ours:
         hs = during(found, wf.root.start_ns, wf.root.end_ns)
         assert hs.second_ns is not None
         # the response's end is the kernel's stamp of its last bytes, which the capture saw
-        assert any(abs(t - wf.root.end_ns) <= LOOPBACK_NS for t, _ in hs.server_bytes)
+        arrivals = [t for t, _ in hs.server_bytes]
+        ends.append(read_end_error(wf.root.end_ns, arrivals[0], arrivals))
         assert (wf.root.end_ns - hs.second_ns) / 1e9 >= rtt
         # nginx answers the client's Finished with its SETTINGS (and session tickets): they
         # come one round trip after it. A request sent right behind the preface is answered
         # with them; one that waited for those SETTINGS, a round trip later.
         first_back = hs.server_bytes[0][0]
         assert (wf.root.end_ns - first_back) / 1e9 < rtt / 2
+    hold_each("response end", ends, LOOPBACK_NS, steal)
     assert all(wf.stages["send"].start_ns < wf.stages["h2_setup"].end_ns for wf in ours)
