@@ -112,8 +112,13 @@ async def test_closed_loop_at_concurrency_1_has_no_queueing(
     # ground truth: no request ever waited for the server's slot (< 0.5 ms of scheduling)
     assert max(r.slot_wait_ns for r in records) < 500_000
     assert "schedule_lag" not in result.set.stages  # a closed loop has no intended starts
+    # the service time, nothing queued: our wait is the server's own time from the request
+    # read to its headers written (its log), not the 10 ms it was asked to sleep, which a
+    # server process the hypervisor stopped overshoots (CI under steal: 12.2 ms at the median)
     wait = result.set.values("wait")
-    assert abs(float(np.median(wait)) - 0.010) < 0.002  # the service time, nothing queued
+    served = [(r.headers_ns or r.end_ns) - r.received_ns for r in records]
+    assert min(served) >= 10_000_000  # the server did sleep
+    assert abs(float(np.median(wait)) - statistics.median(served) / 1e9) < 0.002
     # the self-check reports the read lag the waterfalls measured (kernel stamp -> our read)
     lag = result.client.read_lag
     assert lag is not None and result.client.to_dict()["read_lag"] == lag

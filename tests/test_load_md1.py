@@ -15,7 +15,12 @@ The mean wait of M/D/1 is ρ / (2μ(1 − ρ)). At ρ = 0.8 its sample mean conv
    busy 2-core machine serves slower than D).
 
 Service D = 10 ms (header_delay) plus the server's own per-request work, measured from its
-records; the rate is set so that ρ = λ·D = 0.8 exactly for the measured D.
+records; the rate is set so that ρ = λ·D = 0.8 exactly for the measured D. The client's own
+share of each latency (its work and loopback, besides the queue and the service) comes from the
+same run, not the calibration: the mean latency beyond the run's service and the predicted wait
+of the requests the recursion says found the slot free or nearly (under 1 ms). A busy host
+(steal in a virtual machine) moves service and overhead between a calibration and the run by
+more than the tolerance; the queued requests must carry the same share as the free ones.
 """
 
 from __future__ import annotations
@@ -72,7 +77,7 @@ async def test_poisson_open_loop_at_rho_08_matches_md1() -> None:
         calib = await run(Scenario(url, requests=40, stream=False, name="calib"), rtt_samples=0)
         recs = server.records
         service = float(np.mean([r.end_ns - r.received_ns for r in recs[5:]])) / 1e9
-        overhead = float(calib.set.values("e2e")[5:].mean()) - service  # client + loopback
+        assert len(calib.set) == 40
         sc = Scenario(
             url,
             mode="open",
@@ -101,15 +106,22 @@ async def test_poisson_open_loop_at_rho_08_matches_md1() -> None:
     order = np.argsort(ws.column("start_ns"))
     lag = ws.column("stage:schedule_lag")[order] / 1e9 if "schedule_lag" in ws.stages else 0.0
     intended = ws.column("start_ns")[order] / 1e9 + lag
-    measured = (ws.column("e2e_ns")[order] / 1e9 - lag - service - overhead)[WARMUP:]
     served = sorted(recs, key=lambda r: r.received_ns)
+    run_service = float(np.mean([r.end_ns - r.received_ns for r in served])) / 1e9
+    raw = (ws.column("e2e_ns")[order] / 1e9 - lag - run_service)[WARMUP:]
     predicted = lindley(intended, slot_held(served))
     predicted = predicted[WARMUP:]
+    # found the slot (nearly) free: the latency beyond service and that wait is the client's own
+    idle = predicted < 0.001
+    assert idle.sum() >= 0.1 * len(idle)  # about 1 - ρ of them
+    overhead = float((raw - predicted)[idle].mean())
+    measured = raw - overhead
     formula = md1_wait(RHO, service)
 
     estimate = measured.mean() - (predicted.mean() - formula)
     print(  # the figures, for the report (pytest -s)
-        f"D={service * 1e3:.3f} ms overhead={overhead * 1e3:.3f} ms formula={formula * 1e3:.2f}"
+        f"D={service * 1e3:.3f} ms (run: {run_service * 1e3:.3f} ms)"
+        f" overhead={overhead * 1e3:.3f} ms formula={formula * 1e3:.2f}"
         f" measured={measured.mean() * 1e3:.2f} recursion={predicted.mean() * 1e3:.2f}"
         f" control-variate={estimate * 1e3:.2f} ms"
     )
