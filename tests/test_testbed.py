@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import http.client
-import itertools
 import json
 import os
 import socket
@@ -23,6 +22,7 @@ import dns.asyncresolver
 import dns.exception
 import dns.resolver
 import pytest
+from wire_bounds import Steal, hold_each
 
 import latency_analyzer.testing as testing
 from latency_analyzer.testing import (
@@ -67,13 +67,17 @@ def test_public_names_are_pinned() -> None:
 
 async def test_sleep_until_overshoots_less_than_0_2_ms_at_the_median(realtime: None) -> None:
     """The precise sleep the servers use, at the real-time priority they run at: what other
-    processes on a busy host do cannot wake it late."""
+    processes on a busy host do cannot wake it late. Each wake-up is held to 0.2 ms, but for
+    the strays :func:`wire_bounds.hold_each` lets past: priority cannot wake a vCPU that the
+    hypervisor has stopped (steal)."""
     overshoots = []
-    for _ in range(20):
-        deadline = time.perf_counter_ns() + 10 * MS
-        await sleep_until(deadline)
-        overshoots.append(time.perf_counter_ns() - deadline)
+    with Steal() as steal:
+        for _ in range(20):
+            deadline = time.perf_counter_ns() + 10 * MS
+            await sleep_until(deadline)
+            overshoots.append(time.perf_counter_ns() - deadline)
     assert min(overshoots) >= 0
+    hold_each("sleep_until overshoot", overshoots, 200_000, steal)
     assert statistics.median(overshoots) < 200_000
 
 
@@ -214,20 +218,39 @@ async def test_health_and_models(llm_in_process: LLMServer) -> None:
 
 @pytest.mark.usefixtures("realtime")
 async def test_records_match_the_injected_delays() -> None:
-    # Medians over 3 requests: a loaded CI host may preempt the process now and then.
+    """The server writes each part of a stream at its deadline from the request's arrival
+    (headers at 10 ms; token k at 10 + 5 + 15 + 4k ms), never before it and within 0.5 ms
+    after it, and a client in the same process reads each chunk as long after its write as
+    it reads the others, within 0.5 ms (so the gaps it sees are the written ones).
+    Each is held on its own, with the strays :func:`wire_bounds.hold_each` lets past for a
+    process the hypervisor stopped (real-time priority cannot wake a stopped vCPU)."""
     knobs = {"header_delay": 0.010, "queue": 0.005, "prefill": 0.015, "decode": 0.004}
+    n = 10
     async with LLMServer(tokens=6, **knobs) as server:
-        arrivals = [await _timed_stream(server.url) for _ in range(3)]
+        with Steal() as steal:
+            arrivals = [await _timed_stream(server.url) for _ in range(n)]
         records = server.records
-    assert [len(r.chunk_ns) for r in records] == [6, 6, 6]
-    headers = [(r.headers_ns or 0) - r.received_ns for r in records]
-    assert abs(statistics.median(headers) - 10 * MS) < TOLERANCE_NS
-    first = [r.chunk_ns[0] - (r.headers_ns or 0) for r in records]
-    assert abs(statistics.median(first) - 20 * MS) < TOLERANCE_NS
-    gaps = [b - a for r in records for a, b in itertools.pairwise(r.chunk_ns)]
-    assert abs(statistics.median(gaps) - 4 * MS) < TOLERANCE_NS
-    client_gaps = [b - a for t in arrivals for a, b in itertools.pairwise(t[1:7])]  # [0]: role
-    assert abs(statistics.median(client_gaps) - 4 * MS) < TOLERANCE_NS
+    assert [len(r.chunk_ns) for r in records] == [6] * n
+    headers = [(r.headers_ns or 0) - r.received_ns - 10 * MS for r in records]
+    chunks = [
+        t - r.received_ns - (30 + 4 * k) * MS for r in records for k, t in enumerate(r.chunk_ns)
+    ]
+    for name, late in (("headers", headers), ("token chunks", chunks)):
+        assert min(late) >= 0, (name, late)  # never before the deadline
+        hold_each(f"{name} after their deadline", late, TOLERANCE_NS, steal)
+    read = [  # ts[0]: the role chunk
+        t - w
+        for r, ts in zip(records, arrivals, strict=True)
+        for t, w in zip(ts[1:7], r.chunk_ns, strict=True)
+    ]
+    assert min(read) >= 0, read
+    # the client shares the server's loop, whose precise sleep naps in it, so each read comes
+    # some fraction of a millisecond after its write (~0.3 ms beside CPU burners): the gaps
+    # between reads are the written ones when each read's lag is the common one
+    common = statistics.median(read)
+    hold_each(
+        "client read lag beyond the common one", [r - common for r in read], TOLERANCE_NS, steal
+    )
 
 
 async def _timed_stream(url: str) -> list[int]:
@@ -367,13 +390,17 @@ def test_run_in_subprocess_records_timing_and_dies_on_kill() -> None:
         stat = Path(f"/proc/{server.pid}/stat").read_text().rsplit(")", 1)[1].split()
         assert int(stat[1]) == os.getpid()  # a process of its own, this one's child
         before = time.perf_counter_ns()
-        for _ in range(3):
-            assert _sync_stream(server.port, _chat_body()).count(b"tok000") == 5
+        with Steal() as steal:
+            for _ in range(10):
+                assert _sync_stream(server.port, _chat_body()).count(b"tok000") == 5
         records = server.records
         assert before < records[0].received_ns < time.perf_counter_ns()  # host-wide clock
-        first = [r.chunk_ns[0] - r.received_ns for r in records]
-        assert abs(statistics.median(first) - 20 * MS) < TOLERANCE_NS
-        assert server.connections == 3
+        # the first token at its deadline, 20 ms after the request: never before it, and
+        # within 0.5 ms after it but for a process the hypervisor stopped (wire_bounds)
+        late = [r.chunk_ns[0] - r.received_ns - 20 * MS for r in records]
+        assert min(late) >= 0, late
+        hold_each("first token after its deadline", late, TOLERANCE_NS, steal)
+        assert server.connections == 10
         pid = server.pid
         server.kill()
         assert not Path(f"/proc/{pid}").exists()  # killed and reaped
@@ -407,26 +434,35 @@ async def test_dns_answers_a_and_aaaa() -> None:
     assert server.nameserver == f"127.0.0.1:{server.port}"
 
 
-async def _median_resolve_ns(resolver: dns.asyncresolver.Resolver) -> float:
+async def _resolve_times_ns(resolver: dns.asyncresolver.Resolver) -> list[int]:
     elapsed = []
-    for _ in range(5):
+    for _ in range(10):
         start = time.perf_counter_ns()
         await resolver.resolve("x.test", "A")
         elapsed.append(time.perf_counter_ns() - start)
-    return statistics.median(elapsed)
+    return elapsed
 
 
 @pytest.mark.usefixtures("realtime")
 async def test_dns_delay_is_recovered_within_1_ms() -> None:
+    """A resolver waits the injected 20 ms longer: each delayed lookup against the quickest
+    undelayed one (dnspython's own cost, ~0.5 ms here) within 1 ms, but for the strays
+    :func:`wire_bounds.hold_each` lets past when the hypervisor stopped this process."""
     async with DNSServer(delay=0.0) as server:
         resolver = _resolver(server)
-        base = await _median_resolve_ns(resolver)  # dnspython's own cost, ~0.5 ms here
-        server.delay = 0.020
-        delayed = await _median_resolve_ns(resolver)
-    assert abs(delayed - base - 20 * MS) < 1 * MS
-    answered = [q.answered_ns - q.received_ns for q in server.log[5:] if q.answered_ns]
-    assert len(answered) == 5
-    assert abs(statistics.median(answered) - 20 * MS) < TOLERANCE_NS
+        with Steal() as steal:
+            base = min(await _resolve_times_ns(resolver))
+            server.delay = 0.020
+            delayed = await _resolve_times_ns(resolver)
+    extra = [d - base - 20 * MS for d in delayed]
+    assert min(extra) > -1 * MS, extra
+    hold_each("delayed lookup - 20 ms - undelayed", extra, 1 * MS, steal)
+    answered = [q.answered_ns - q.received_ns for q in server.log[10:] if q.answered_ns]
+    assert len(answered) == 10
+    assert min(answered) >= 20 * MS
+    hold_each(
+        "answer after the query - 20 ms", [a - 20 * MS for a in answered], TOLERANCE_NS, steal
+    )
 
 
 async def test_dns_nxdomain_and_drop() -> None:
@@ -532,17 +568,21 @@ async def test_delay_proxy_adds_two_one_way_delays_per_round_trip() -> None:
     the host's load nor our loop's moves them. In: the segment reaching the proxy; out: the
     one it forwards. The proxy starts a chunk's delay at the kernel's receive time of the read
     (stamped as the segment was queued, after the capture saw it), so a forward is never early
-    and, at real-time priority, late by the wake-up and the send only: held to 0.2 ms at the
-    median (measured 47-75 us, beside a package install and a test run). A user-space round
-    trip through it also holds every delay the host adds on the way in, which a busy host makes
-    hundreds of microseconds; the capture tells the proxy's part from the host's."""
+    and, at real-time priority, late by the wake-up and the send only: each forward held to
+    0.2 ms (measured 17-75 us, beside CPU burners, a package install and a test run). Real-time
+    priority does not hold when the hypervisor stops the virtual CPU itself (steal): each
+    jiffy it took meanwhile lets one more late forward past, as :func:`wire_bounds.hold_each`
+    does. A user-space round trip through it also holds every delay the host adds on the way
+    in, which a busy host makes hundreds of microseconds; the capture tells the proxy's part
+    from the host's."""
     require_tcpdump()
     echo = await asyncio.start_server(_echo, "127.0.0.1", 0)
     echo_port = echo.sockets[0].getsockname()[1]
     try:
         async with DelayProxy("127.0.0.1", echo_port, delay=0.005) as proxy:
-            with PacketCapture(proxy.port) as front, PacketCapture(echo_port) as back:
-                rtts = await _rtts(proxy.port)
+            with Steal() as steal, PacketCapture(proxy.port) as front:
+                with PacketCapture(echo_port) as back:
+                    rtts = await _rtts(proxy.port)
             assert proxy.connections == 1
     finally:
         echo.close()
@@ -556,7 +596,7 @@ async def test_delay_proxy_adds_two_one_way_delays_per_round_trip() -> None:
     excess = sorted(d - 5 * MS for d in delays)
     print(f"proxy delay - 5 ms: median {statistics.median(excess) / 1e3:.1f} us, {excess}")
     assert excess[0] >= 0, excess  # never early
-    assert statistics.median(excess) < 200_000, excess
+    hold_each("proxy delay - 5 ms", excess, 200_000, steal)
     assert min(rtts) >= 10 * MS  # a user-space round trip holds both delays
 
 
