@@ -26,7 +26,7 @@ import pytest
 from aiohttp import web
 from conftest import chat_body
 from handshakes import handshakes
-from wire_bounds import LOOPBACK_NS
+from wire_bounds import LOOPBACK_NS, Steal, hold_each, read_end_error
 
 import latency_analyzer as la
 from latency_analyzer import demo
@@ -40,6 +40,7 @@ HEADER_DELAY, PREFILL, DECODE, TOKENS = 0.010, 0.030, 0.005, 8
 SLACK = 0.003  # seconds: server thread and client share one GIL
 DESIGN_KEYS = {"e2e_s", "ttft_s", "tpot_s", "output_tokens", "http_version", "stages", "error"}
 CHAT = "/v1/chat/completions"
+ANCHOR_SLACK_NS = 50_000  # another process's anchor (perf_counter to epoch) vs the capture's
 LLM_KNOBS = {"header_delay": HEADER_DELAY, "prefill": PREFILL, "decode": DECODE, "tokens": TOKENS}
 
 
@@ -341,17 +342,11 @@ def _wire_boundaries(flow: Flow) -> tuple[int, int, list[int]]:
     return flow.time_of_byte("in", headers_end), flow.time_of_byte("in", token_end), arrivals
 
 
-def _read_end_error(ours: int, own: int, arrivals: list[int]) -> int:
-    """Our stamp minus the nearest captured arrival no earlier than the boundary's own
-    segment: a read that returned several segments is stamped with the last of them."""
-    return min((ours - t for t in arrivals if t >= own), key=abs)
-
-
 def test_probe_as_a_subprocess(llm: SubprocessLLMServer) -> None:
     require_tcpdump()
     cmd = [sys.executable, "-m", "latency_analyzer.cli", "probe", llm.url + CHAT, "--json"]
     before = len(llm.records)
-    with PacketCapture(llm.port) as cap:
+    with Steal() as steal, PacketCapture(llm.port) as cap:
         done = subprocess.run(
             [*cmd, "-d", json.dumps(chat_body()), "-H", "X-Trace: cli-test"],
             capture_output=True,
@@ -379,8 +374,13 @@ def test_probe_as_a_subprocess(llm: SubprocessLLMServer) -> None:
     assert process_anchor().to_perf_ns(token) >= record.chunk_ns[0]
     token_ns = obj["start_epoch_ns"] + round(obj["ttft_s"] * 1e9)  # the CLI's anchor, epoch
     headers_ns = token_ns - round(obj["stages"]["first_token"] * 1e9)
-    assert abs(_read_end_error(token_ns, token, arrivals)) <= LOOPBACK_NS
-    assert abs(_read_end_error(headers_ns, headers, arrivals)) <= LOOPBACK_NS
+    # a segment the kernel delivered late (the hypervisor stopped the vCPU between the two
+    # stamps) is let past per stolen jiffy, late: wire_bounds
+    errors = [
+        read_end_error(t, own, arrivals, ANCHOR_SLACK_NS)
+        for t, own in ((token_ns, token), (headers_ns, headers))
+    ]
+    hold_each("probe read ends vs the wire", errors, LOOPBACK_NS, steal)
 
 
 def test_version_flag(capsys: pytest.CaptureFixture[str]) -> None:

@@ -450,7 +450,13 @@ def test_a_probe_failed_while_the_client_lagged_is_run_again(
     if repeat:
         assert found["rate"] == 40 and found["failing"] is None
         assert points[1]["rate"] == 40 and points[1]["met"] is True
-        assert "client_note" not in points[1], points[1]
+        # unblocked: no note, or (a host whose other work, or the hypervisor, took the CPUs
+        # meanwhile) the host's, with a loop lag far below the 150 ms blocks of the first run
+        note = points[1].get("client_note")
+        if note is not None:
+            assert note.startswith("the HOST was contended"), note
+            lag_ms = float(note.split("event-loop lag P99 ", 1)[1].split(" ms", 1)[0])
+            assert lag_ms < 1e3 * 0.15 / 2, note
     else:
         assert found["failing"]["step"] == 0 and found["rate"] < 40  # halved, then bisected
     steps = WaterfallSet.load(out).group_by("step")
