@@ -10,11 +10,11 @@ anchors (a few microseconds).
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Sequence
 
 import pytest
 from conftest import assert_exact, tolerance
+from wire_bounds import Steal, strays_allowed
 
 import latency_analyzer as la
 from latency_analyzer.merge import MERGED, amerge
@@ -81,10 +81,15 @@ def _floor_half_width(wfs: Sequence[la.Waterfall], records: Sequence[RequestReco
     return (min(his) - max(los) + 1) // 2
 
 
-def _check_stages(merged: Sequence[la.Waterfall], records: Sequence[RequestRecord]) -> None:
-    """The merged server stages: the injected delays at the median, and each request's what
+def _check_stages(
+    merged: Sequence[la.Waterfall], records: Sequence[RequestRecord], steal: Steal
+) -> None:
+    """The merged server stages: the injected delays, and each request's what
     the server's log says it took (its spans carry its own instants: a server whose loop ran
-    late wrote a first token well after its prefill deadline, and said so)."""
+    late wrote a first token well after its prefill deadline, and said so). Each stage is
+    within the tolerance of the injected delay, but for those
+    :func:`wire_bounds.strays_allowed` and each stolen jiffy let past: a server the
+    hypervisor stopped is late by more than real-time priority can keep out."""
     for wf in merged:
         assert wf.attributes["server.status"] == MERGED
         assert wf.attributes["server.schema"] == "vllm"
@@ -98,16 +103,19 @@ def _check_stages(merged: Sequence[la.Waterfall], records: Sequence[RequestRecor
         logged["decode"].append((r.chunk_ns[-1] - r.chunk_ns[0]) / 1e9)
     for stage, expected in (("server_queue", 0.015), ("prefill", 0.040), ("decode", 0.095)):
         values = [wf.attribution()[stage] for wf in merged]
-        assert abs(statistics.median(values) - expected) <= tolerance(expected), (stage, values)
+        bound = tolerance(expected)
+        past = [v for v in values if abs(v - expected) > bound]
+        assert len(past) <= strays_allowed(len(values)) + steal.jiffies, (stage, values, steal)
         for value, truth in zip(values, logged[stage], strict=True):
             assert abs(value - truth) <= 2 * tolerance(expected), (stage, value, truth)
 
 
 @pytest.mark.parametrize("skew", [0.0, 0.250], ids=["same-clock", "skew+250ms"])
 async def test_testbed_spans_merge_into_the_waterfall(skew: float) -> None:
-    waterfalls, merged, records, receiver = await _run(skew)
+    with Steal() as steal:
+        waterfalls, merged, records, receiver = await _run(skew)
     assert receiver.rejected == 0 and receiver.accepted >= 1
-    _check_stages(merged, records)
+    _check_stages(merged, records, steal)
     records = sorted(records, key=lambda r: r.received_ns)
     offset = merged[0].attributes["server.offset_ns"]
     uncertainty = merged[0].attributes["server.offset_uncertainty_ns"]

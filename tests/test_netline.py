@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from conftest import assert_exact
+from wire_bounds import Steal
 
 import latency_analyzer as la
 from latency_analyzer.diagnose import diagnose, diagnose_set
@@ -151,8 +152,12 @@ def test_an_injected_round_trip_shows_in_tcp_info_connect_and_tls(
     # both ends' work (crypto, event loops) on top of its round trips; the quickest of a few
     # requests shows the round trips with the least of it.
     rtt = statistics.median((t.min_rtt_us or 0) / 1e6 for t in tcp)
-    # the handshake is the kernel's own first RTT sample: SYN → SYN-ACK, no client work on it
-    assert all(abs(wf.stages["connect"].duration - rtt) <= 0.10 * rtt for wf in wfs)
+    # the handshake is the kernel's own first RTT sample: SYN → SYN-ACK, no client work on it.
+    # Held at the median: one handshake's packets may truly wait longer on the line (a host
+    # that steals the line's CPU), and the connection's min_rtt is not that handshake's truth;
+    # each handshake against a capture of its own SYN and SYN-ACK is the test below.
+    connects = [wf.stages["connect"].duration for wf in wfs]
+    assert abs(statistics.median(connects) - rtt) <= 0.10 * rtt, connects
     assert _round_trips([wf for wf in wfs if _tls(wf) == "TLSv1.3"], "tls", rtt) == 1
     assert _round_trips([wf for wf in wfs if _tls(wf) == "TLSv1.2"], "tls", rtt) == 2
     # and the diagnosis names the path, not the server
@@ -173,12 +178,13 @@ def test_a_pending_handshake_ends_at_the_syn_ack_the_kernel_timed(tmp_path: Path
     the order of events: within the request, before the SYN."""
     _need_line()
     require_tcpdump()
-    done = run_behind_line(
-        [sys.executable, "-c", _PLAIN_SERVER],
-        [sys.executable, "-c", _CAPTURED_CLIENT, "{server}", "6"],
-        delay=ONE_WAY,
-        timeout=60,
-    )
+    with Steal() as steal:
+        done = run_behind_line(
+            [sys.executable, "-c", _PLAIN_SERVER],
+            [sys.executable, "-c", _CAPTURED_CLIENT, "{server}", "20"],
+            delay=ONE_WAY,
+            timeout=60,
+        )
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
     wfs = [la.Waterfall.from_dict(d) for d in out["waterfalls"]]
@@ -200,10 +206,16 @@ def test_a_pending_handshake_ends_at_the_syn_ack_the_kernel_timed(tmp_path: Path
         )
     # the kernel's SYN -> SYN-ACK against the capture's: no userspace instant in it; one
     # handshake may be longer, never shorter, by a SYN-ACK the kernel delivered late (one was,
-    # by 1.33 ms, in a quiet CI run: tests/wire_bounds.py says why)
+    # by 1.33 ms, in a quiet CI run: tests/wire_bounds.py says why), and one more for each
+    # jiffy the hypervisor stole meanwhile (two were, 0.77 and 0.84 ms, in a quiet CI run
+    # with heavy steal), as wire_bounds.hold_each allows
     past = [e for e in handshake if abs(e) > 500_000]
-    assert statistics.median(map(abs, handshake)) <= 100_000, handshake
-    assert len(past) <= 1 and all(e > 0 for e in past), handshake
+    print(f"past 0.5 ms: {past} (steal meanwhile: {steal.jiffies} jiffies)")
+    # the median of those it held: with each late one let past, a few of a small sample would
+    # carry the median of all past the bound with them
+    held = [e for e in handshake if abs(e) <= 500_000]
+    assert held and statistics.median(map(abs, held)) <= 100_000, handshake
+    assert len(past) <= 1 + steal.jiffies and all(e > 0 for e in past), (handshake, steal.jiffies)
 
 
 def _tls(wf: la.Waterfall) -> str | None:

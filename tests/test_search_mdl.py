@@ -26,11 +26,12 @@ Why 10 % holds, and the tolerance budget:
   Poisson realisation: its mean latency is monotone in the rate and bisection converges on
   that realisation's threshold. How far that threshold lies from the formula's (N → ∞) rate
   is computed here exactly, by the Lindley recursion ``W(n+1) = max(0, W(n) + S − A(n+1))``
-  on the run file's own arrival instants, and printed with the result (seed 0, 300 requests:
-  about +5 %). That offset is luck of the seed, not precision: over random seeds it spreads
-  with a standard deviation of about 9 % at 300 requests and ρ = 0.75 (a simulation of 200
-  seeds), and a check within 10 % at 3 σ for *any* seed would need some 2,000 requests per
-  probe (the spread falls as 1/√N), minutes of test. So the test holds the search to two
+  on the run file's own arrival instants (S the probe's logged service, request by request),
+  and printed with the result (seed 0, 300 requests: about +5 %). That offset is luck of the
+  seed, not precision: over random seeds it spreads with a standard deviation of about 9 % at
+  300 requests and ρ = 0.75 (a simulation of 200 seeds), and a check within 10 % at 3 σ for
+  *any* seed would need some 2,000 requests per probe (the spread falls as 1/√N), minutes of
+  test. So the test holds the search to two
   things: the formula's rate within 10 % (the target, for this fixed realisation), and,
   the part a seed cannot excuse, every probe's verdict: a probe that met the SLO ran at most
   the jitter below over the realisation's threshold under that probe's own S and c, and one
@@ -59,6 +60,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from wire_bounds import Steal
 
 from latency_analyzer.analysis import WaterfallSet
 from latency_analyzer.cli import main
@@ -78,23 +80,34 @@ def _formula_rate(slo_s: float, s: float, c: float) -> float:
     return rho / s
 
 
-def _lindley_rate(unit_arrivals: np.ndarray, slo_s: float, s: float, c: float) -> float:
-    """The rate at which this realisation's mean latency (after the warm-up) meets the SLO."""
+def _lindley_rate(unit_arrivals: np.ndarray, slo_s: float, s: np.ndarray, c: float) -> float:
+    """The rate at which this realisation's mean latency (after the warm-up) meets the SLO,
+    customer ``n`` served for ``s[n]``: a probe's own service times, as its server logged
+    them in arrival order, stalls and all (a constant S would leave out the wait those
+    stalls add, which M/D/1 does not have)."""
+    assert len(s) == len(unit_arrivals)
+    mean_s = float(s.mean())
 
     def mean_latency(rate: float) -> float:
         t = unit_arrivals / rate
         wait, total = 0.0, 0.0
         for n in range(1, len(t)):
-            wait = max(0.0, wait + s - (t[n] - t[n - 1]))
+            wait = max(0.0, wait + s[n - 1] - (t[n] - t[n - 1]))
             if n >= WARMUP:
                 total += wait
-        return c + s + total / (len(t) - WARMUP)
+        return c + float(s[WARMUP:].mean()) + total / (len(t) - WARMUP)
 
-    lo, hi = 0.1 / s, 1.0 / s
+    lo, hi = 0.1 / mean_s, 1.0 / mean_s
     for _ in range(40):
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if mean_latency(mid) <= slo_s else (lo, mid)
     return lo
+
+
+def _ms(condition: tuple[float, np.ndarray]) -> tuple[float, float]:
+    """A probe's S and c in milliseconds, for the report."""
+    c, each = condition
+    return round(float(each.mean()) * 1e3, 3), round(c * 1e3, 3)
 
 
 def _handoff_s(records: list[RequestRecord]) -> float:
@@ -111,19 +124,22 @@ def _handoff_s(records: list[RequestRecord]) -> float:
 
 def _conditions_by_step(
     ws: WaterfallSet, records: list[RequestRecord]
-) -> dict[int, tuple[float, float]]:
-    """Per probe (probes run one after another): S, the server's mean service plus its
-    hand-over, and c, the mean client e2e minus the mean server sojourn."""
+) -> dict[int, tuple[float, np.ndarray]]:
+    """Per probe (probes run one after another): c, the mean client e2e minus the mean
+    server sojourn, and each request's own service plus the server's mean hand-over, in
+    arrival order (their mean is the probe's S)."""
     out = {}
     for step, group in ws.group_by("step").items():
         start = group.column("start_ns")
         lo, hi = int(start.min()), int((start + group.column("e2e_ns")).max())
         inside = [r for r in records if lo <= r.received_ns - r.slot_wait_ns <= hi]
         assert len(inside) == len(group), step
-        service = np.mean([r.end_ns - r.received_ns for r in inside]) / 1e9
+        handoff = _handoff_s(inside)
+        arrived = sorted(inside, key=lambda r: r.received_ns - r.slot_wait_ns)
+        each = np.array([r.end_ns - r.received_ns for r in arrived]) / 1e9 + handoff
         sojourn = np.mean([r.end_ns - r.received_ns + r.slot_wait_ns for r in inside]) / 1e9
         c = float(np.mean(group.column("e2e_ns")) / 1e9 - sojourn)
-        out[step] = (float(service) + _handoff_s(inside), c)
+        out[step] = (c, each)
     return out
 
 
@@ -156,7 +172,8 @@ def test_search_finds_the_md1_rate_within_10_percent(
             str(out),
             "--json",
         ]
-        code = main(argv)
+        with Steal() as steal:
+            code = main(argv)
         records = server.records
     found = json.loads(capsys.readouterr().out)
     assert code == 0 and found["rate"] is not None and found["failing"] is not None
@@ -176,13 +193,10 @@ def test_search_finds_the_md1_rate_within_10_percent(
     conditions = _conditions_by_step(ws, records)
     slo, rate = SLO_MS / 1e3, found["rate"]
     # this realisation's threshold and the formula's rate under each probe's own S and c
-    own = {k: _lindley_rate(unit[0], slo, s, c) for k, (s, c) in conditions.items()}
-    formula = {k: _formula_rate(slo, s, c) for k, (s, c) in conditions.items()}
+    own = {k: _lindley_rate(unit[0], slo, each, c) for k, (c, each) in conditions.items()}
+    formula = {k: _formula_rate(slo, float(each.mean()), c) for k, (c, each) in conditions.items()}
     deciding = [found["passing"]["step"], found["failing"]["step"]]
-    probes = [
-        (round(p["rate"], 1), p["met"], *(round(x * 1e3, 3) for x in conditions[p["step"]]))
-        for p in found["points"]
-    ]
+    probes = [(round(p["rate"], 1), p["met"], *_ms(conditions[p["step"]])) for p in found["points"]]
     report = (
         f"search {rate:.1f} req/s; under the deciding probes' S and c: formula "
         f"{[round(formula[k], 1) for k in deciding]}, this seed's Lindley threshold "
@@ -190,7 +204,10 @@ def test_search_finds_the_md1_rate_within_10_percent(
         f"; probes (rate, met, S ms, c ms): {probes}"
     )
     print(report)
-    assert np.median(service) < 1.05 * S_NOMINAL  # the service the server was asked for
+    # the service the server was asked for, at the median of those not stretched by a stop
+    # of the server's vCPU: one per stolen jiffy is left out, from the top (wire_bounds)
+    kept = np.sort(service)[: len(service) - steal.jiffies]
+    assert len(kept) and np.median(kept) < 1.05 * S_NOMINAL, (steal.jiffies, np.median(service))
     # the target: the formula's rate, within 10 %, for the conditions the answer was found in
     lo, hi = min(formula[k] for k in deciding), max(formula[k] for k in deciding)
     assert lo / 1.10 <= rate <= hi * 1.10, report
