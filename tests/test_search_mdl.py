@@ -206,7 +206,7 @@ def test_search_finds_the_md1_rate_within_10_percent(
     print(report)
     # the service the server was asked for, at the median of those not stretched by a stop
     # of the server's vCPU: one per stolen jiffy is left out, from the top (wire_bounds)
-    kept = np.sort(service)[: len(service) - steal.jiffies]
+    kept = np.sort(service)[: max(0, len(service) - steal.jiffies)]  # none if steal took all
     assert len(kept) and np.median(kept) < 1.05 * S_NOMINAL, (steal.jiffies, np.median(service))
     # the target: the formula's rate, within 10 %, for the conditions the answer was found in
     lo, hi = min(formula[k] for k in deciding), max(formula[k] for k in deciding)
