@@ -57,8 +57,8 @@ def handshakes(packets: list[Packet], server_port: int) -> list[Handshake]:
         hs = out.get(p.sport if from_client else p.dport)
         if hs is None:
             continue
-        if not from_client and p.flags == "SA":
-            hs.synack_ns = t
+        if not from_client and p.flags == "SA" and hs.synack_ns is None:
+            hs.synack_ns = t  # the first: a retransmitted one answers the same SYN
         if from_client:
             hs.client_packets.append(t)
         if not p.payload:

@@ -378,12 +378,14 @@ async def test_round_trip_delay_shows_in_tls_and_wait(ca: TestCA, server_pem: Pa
             # How soon is the kernel's: it defers a handshake's softirq by ~1 ms in phases
             # (seen in quiet runs here: 3 of 10 SYN/ACKs 0.75-1.12 ms after their SYN, and
             # in another half of them, median 0.61 ms), and under heavy steal by more (one
-            # 4.3 ms after its SYN, 188 jiffies stolen in a 6 s run)
+            # 4.3 ms after its SYN, 188 jiffies stolen in a 6 s run; one 255 ms after, in a
+            # quiet CI run). A stall between the two kernel stamps is the host's, so each is
+            # held as the other kernel pairs are: a stray late, and one more per stolen jiffy
             synacks = []
             for h in found:
                 assert h.synack_ns is not None
                 synacks.append(h.synack_ns - h.syn_ns)
-            assert max(synacks) < 2 * one_way * 1e9, (delay, synacks)
+            hold_each(f"SYN/ACK, delay {delay}", synacks, int(2 * one_way * 1e9), steal)
             assert statistics.median(synacks) < one_way * 1e9 / 2, (delay, synacks)
             tls_medians[delay] = _median(wfs, "tls")
             # wait on the wire: from the request's last segment leaving (the last the client
