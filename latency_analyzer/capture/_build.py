@@ -91,6 +91,12 @@ def _client_timeout(total: float) -> aiohttp.ClientTimeout:
     return built
 
 
+def _connect_timeout(left: float) -> aiohttp.ClientTimeout:
+    """aiohttp's timer for a dial (its ``connect``: a slot in the pool, then the connection)
+    in the time a request has left. Never 0, which aiohttp reads as no limit at all."""
+    return aiohttp.ClientTimeout(connect=max(left, 1e-6), ceil_threshold=1e9)
+
+
 def _path(parts: SplitResult) -> str:
     return (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
 

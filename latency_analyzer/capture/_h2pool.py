@@ -1,4 +1,4 @@
-"""The HTTP/2 pool (one connection per origin) and the connector's hand-over to HTTP/2."""
+"""The HTTP/2 pool (one connection per origin) and what the connector hands over to HTTP/2."""
 
 from __future__ import annotations
 
@@ -15,12 +15,16 @@ if TYPE_CHECKING:
 __all__ = ["H2Pool", "HandoffToHTTP2"]
 
 
-class HandoffToHTTP2(Exception):
-    """Raised by the connector once a connection is ready for HTTP/2 (never leaves capture).
+class HandoffToHTTP2:
+    """A dialled connection ALPN (or prior knowledge) gave to HTTP/2, as the connector's
+    :meth:`~.connector.TimedConnector.dial` returns it.
 
-    When the dialling request could be opened on it before the raise (``RequestState.h2_open``),
-    ``conn`` and ``stream`` are that connection and the request's stream, already sent.
+    When the dialling request was opened on it inside the handshake's last callback
+    (``RequestState.h2_open``), ``conn`` and ``stream`` are that connection and the request's
+    stream, already sent.
     """
+
+    __slots__ = ("conn", "early", "peer", "stream", "tls", "transport")
 
     def __init__(
         self,
@@ -29,7 +33,6 @@ class HandoffToHTTP2(Exception):
         peer: str | None,
         early: list[tuple[bytes, int]],
     ) -> None:
-        super().__init__("connection negotiated HTTP/2")
         self.transport = transport
         self.tls = tls
         self.peer = peer

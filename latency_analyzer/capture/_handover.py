@@ -3,7 +3,8 @@
 Two ways over: at ``connection_made`` (:func:`_hand_over_at_once`, the request's first
 flight leaves inside the handshake's last read callback), or once the connection is back in
 the connector (:func:`_maybe_hand_over`, which also refuses a required ``h2`` the server
-did not choose).
+did not choose). Either way the hand-over is left on the request (``RequestState.handoff``)
+for :meth:`~.connector.TimedConnector.dial` to return.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ def _maybe_hand_over(
     info: TlsInfo | None,
     tls: bool,
 ) -> None:
-    """Leave aiohttp for HTTP/2 when ALPN chose ``h2`` (or ``h2c`` by prior knowledge)."""
+    """Leave ``state.handoff`` for HTTP/2 when ALPN chose ``h2`` (or ``h2c`` by prior
+    knowledge); raise when ``h2`` was required and refused, or opening it failed."""
     if state.h2_mode is None:
         return
     alpn = info.alpn if info is not None else None
@@ -37,16 +39,17 @@ def _maybe_hand_over(
     if tls and alpn != "h2" and state.alpn_settled is not None:  # HTTP/1.1: tell the waiters
         state.alpn_settled()
         state.alpn_settled = None
-    done = cast(TimedProtocol, proto).handoff
-    if isinstance(done, BaseException):  # HandoffToHTTP2 (ready to raise) or what h2_open raised
+    timed = cast(TimedProtocol, proto)
+    done = timed.handoff
+    if isinstance(done, BaseException):  # what h2_open raised inside connection_made
         raise done
-    if alpn == "h2" or (not tls and state.h2_mode == "require"):
+    if done is None and (alpn == "h2" or (not tls and state.h2_mode == "require")):
         transport.pause_reading()  # nothing more for aiohttp's parser; the new owner resumes
-        early = cast(TimedProtocol, proto).early or []
-        handoff = HandoffToHTTP2(transport, info, _peer(proto), early)
-        if state.h2_open is not None:  # the request goes out now, not after the unwinding
-            state.h2_open(handoff)
-        raise handoff
+        done = HandoffToHTTP2(transport, info, _peer(proto), timed.early or [])
+        if state.h2_open is not None:  # the request goes out now
+            state.h2_open(done)
+            state.h2_open = None
+    state.handoff = done  # None: the connection stays HTTP/1.1
 
 
 def _hand_over_at_once(

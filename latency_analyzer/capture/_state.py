@@ -41,9 +41,11 @@ class RequestState:
         "h2_mode",
         "h2_open",
         "h2_prepare",
+        "handoff",
         "hold",
         "location",
         "protocol",
+        "ready",
         "recorder",
         "trace",
     )
@@ -62,11 +64,16 @@ class RequestState:
         self.h2_mode: str | None = None
         # called once the TLS handshake chose HTTP/1.1 for a dial others may be waiting on
         self.alpn_settled: Callable[[], None] | None = None
-        # called with the HandoffToHTTP2 before it is raised: opens the connection and sends
-        # this request on it at once, instead of after the raise unwound aiohttp's stack
+        # called with the HandoffToHTTP2 inside the handshake's last callback: opens the
+        # connection and sends this request on it at once
         self.h2_open: Callable[[Any], None] | None = None
         # called once the dial is under way: builds what h2_open will send (idle time)
         self.h2_prepare: Callable[[], None] | None = None
+        # the dial's outcome when ALPN chose h2 (a HandoffToHTTP2), for the dialer to return
+        self.handoff: Any = None
+        # the HTTP/1.1 connection the dialer opened (or took from the pool) for this request:
+        # aiohttp's connect hands it to the exchange instead of finding one of its own
+        self.ready: Any = None
         # the response's Location header as sent (it may carry a signed query): followed by
         # the client when asked, never recorded unredacted
         self.location: str | None = None

@@ -2,8 +2,10 @@
 
 :class:`ClientTransport` is the part of :class:`~.client.Client` below ``request()``: the
 aiohttp session (HTTP/1.1, with the timed connector), the HTTP/2 pool, and per request the
-choice between a pooled HTTP/2 connection, waiting on another request's dial, or dialling
-(which the connector may hand over to HTTP/2 the moment ALPN says ``h2``).
+choice between a pooled HTTP/2 connection, waiting on another request's dial, or dialling:
+the connector's :meth:`~.connector.TimedConnector.dial` returns an HTTP/1.1 connection for
+aiohttp's exchange to take, or the HTTP/2 connection ALPN chose, this request's stream on it
+already sent (opened inside the handshake's last callback).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import asyncio
 import io
 import ssl as _ssl
 from collections.abc import Coroutine, Mapping
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 from aiohttp import hdrs
@@ -22,6 +24,7 @@ from ..errors import UsageError
 from ..timeline._info import connection_info
 from ._build import (
     _client_timeout,
+    _connect_timeout,
     _h2_request_parts,
     _h2_target,
     _http_version,
@@ -168,16 +171,24 @@ class ClientTransport:
             dial = _H2Dial(self, state, origin, method, url, json, data, headers)
             state.h2_open, state.h2_prepare = dial.open, dial.prepare
         try:
+            # the dialer first (a pooled HTTP/1.1 connection, or a new one that ALPN makes
+            # either), then the protocol it became
+            connector = cast(TimedConnector, (self._session or self._open()).connector)
+            got = await connector.dial(state, origin, url, _connect_timeout(_left(deadline)))
+            if isinstance(got, HandoffToHTTP2):
+                dialler = False
+                if got.conn is None:  # not opened inside the handshake: not the origin's dialler
+                    _H2Dial(self, state, origin, method, url, json, data, headers).open(got)
+                assert got.conn is not None and got.stream is not None
+                await self._h2_exchange(
+                    state, got.conn, method, url, json, data, headers, deadline, got.stream
+                )
+                return
             await self._exchange(state, method, url, json, data, headers, deadline)
-        except HandoffToHTTP2 as handoff:
-            dialler = False
-            if handoff.conn is None:  # the connector did not open it
-                _H2Dial(self, state, origin, method, url, json, data, headers).open(handoff)
-            assert handoff.conn is not None and handoff.stream is not None
-            await self._h2_exchange(
-                state, handoff.conn, method, url, json, data, headers, deadline, handoff.stream
-            )
         finally:
+            unused, state.ready = state.ready, None
+            if unused is not None:  # the exchange failed before aiohttp took it
+                unused.release()
             if dialler:  # no HTTP/2 from this dial: HTTP/1.1 chosen, or the dial failed
                 http1 = state.recorder.http_version is not None
                 self._h2.end_dial(origin, None, http1=http1)

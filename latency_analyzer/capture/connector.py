@@ -30,6 +30,12 @@ Where each instant comes from:
   notes its userspace instant: the difference is the client's read lag.
 * ``TCP_INFO``: read once the connection is set up (after TLS), kept for every request the
   connection carries; the client reads it again at each request's end.
+
+The connector is the one dialer: :meth:`TimedConnector.dial` opens a request's connection
+(socket, TLS, ALPN) before any HTTP is spoken on it and returns it as what it became: an
+aiohttp ``Connection`` for HTTP/1.1, which the request's exchange then takes (``connect``
+hands it over instead of looking for one), or a :class:`~.http2.HandoffToHTTP2` carrying the
+HTTP/2 connection and the request's stream, already sent.
 """
 
 from __future__ import annotations
@@ -38,11 +44,12 @@ import asyncio
 import functools
 from typing import Any, cast
 
-from aiohttp import ClientRequest, ClientTimeout, TCPConnector
+from aiohttp import ClientConnectionError, ClientRequest, ClientTimeout, TCPConnector
 from aiohttp.client_proto import ResponseHandler
 from aiohttp.connector import Connection
 from aiohttp.helpers import is_ip_address
 from aiohttp.tracing import Trace
+from yarl import URL
 
 from ..timeline import TlsInfo
 from ..timeline._info import connection_info
@@ -50,8 +57,9 @@ from ._dial import _pending_handshake_end, _seen, _socket_factory
 from ._handover import _hand_over_at_once, _maybe_hand_over, _peer, _tls_info
 from ._protocol import TimedProtocol
 from ._stale import note_discarded, peer_closed
-from ._state import CURRENT, now_ns
+from ._state import CURRENT, RequestState, now_ns
 from ._tcpinfo import tcp_info_of
+from .http2 import HandoffToHTTP2
 from .resolver import DnsResolver
 
 __all__ = ["TimedConnector", "TimedProtocol"]
@@ -66,6 +74,34 @@ class TimedConnector(TCPConnector):
         loop = self._loop
         factory: Any = functools.partial(TimedProtocol, loop)
         self._factory = factory
+        self._dial_requests: dict[str, ClientRequest] = {}  # per origin: what a dial needs
+
+    async def dial(
+        self, state: RequestState, origin: str, url: str, timeout: ClientTimeout
+    ) -> Connection | HandoffToHTTP2:
+        """A connection to ``url``'s origin (``origin`` names it) for the request ``state``,
+        from the pool or dialled, before any HTTP is spoken on it: HTTP/1.1 as aiohttp's
+        ``Connection`` (left on ``state.ready`` for the exchange to take), or what ALPN gave
+        to HTTP/2. aiohttp's pool, limits and errors apply as for any of its connects."""
+        req = self._dial_requests.get(origin)
+        if req is None:  # only its URL, TLS and key are read, so one serves every dial
+            where = URL(url).origin()  # scheme, host and port: no user info, path or query
+            req = self._dial_requests[origin] = ClientRequest("GET", where, loop=self._loop)
+        conn = await self._connect(state, req, [], timeout)
+        handoff, state.handoff = state.handoff, None
+        if handoff is None:
+            state.ready = conn
+            return conn
+        self._forget(conn)
+        return cast(HandoffToHTTP2, handoff)
+
+    def _forget(self, conn: Connection) -> None:
+        """Let go of ``conn`` without closing it (HTTP/2 owns its transport now): out of the
+        pool's count, as aiohttp's own release takes it out, and out of the Connection."""
+        proto = conn.protocol
+        if proto is not None:
+            self._release_acquired(conn._key, proto)
+            conn._protocol = None
 
     async def connect(
         self, req: ClientRequest, traces: list[Trace], timeout: ClientTimeout
@@ -73,6 +109,20 @@ class TimedConnector(TCPConnector):
         state = CURRENT.get()
         if state is None:
             return await super().connect(req, traces, timeout)
+        ready, state.ready = state.ready, None
+        if ready is not None:  # the dialer opened it for this request: set up already
+            return cast(Connection, ready)
+        conn = await self._connect(state, req, traces, timeout)
+        handoff, state.handoff = state.handoff, None
+        if handoff is not None:  # HTTP/2 on a connection opened to resend HTTP/1.1 (._stale)
+            self._forget(conn)
+            cast(HandoffToHTTP2, handoff).transport.close()
+            raise ClientConnectionError("the server chose HTTP/2 on a connection for HTTP/1.1")
+        return conn
+
+    async def _connect(
+        self, state: RequestState, req: ClientRequest, traces: list[Trace], timeout: ClientTimeout
+    ) -> Connection:
         if not state.recorder.is_open("pool_wait"):  # else: already waiting on another's dial
             state.begin("pool_wait", now_ns())
         conn = await super().connect(req, traces, timeout)
@@ -80,13 +130,15 @@ class TimedConnector(TCPConnector):
         stale = 0
         # a pooled connection the server closed while idle, its FIN not read yet (._stale):
         # closed unused, the next one taken; each turn takes one out of the pool
-        while proto.requests_served and peer_closed(proto):
+        while state.handoff is None and proto.requests_served and peer_closed(proto):
             stale += 1
             conn.close()
             conn = await super().connect(req, traces, timeout)
             proto = conn.protocol
         if stale:
             note_discarded(state, stale)
+        if state.handoff is not None:  # HTTP/2's now: nothing of aiohttp's to set up
+            return conn
         rec = state.recorder
         if rec.is_open("pool_wait"):  # reused: no new connection was opened
             state.end("pool_wait", now_ns())
