@@ -64,6 +64,8 @@ from .resolver import DnsResolver
 
 __all__ = ["TimedConnector", "TimedProtocol"]
 
+_DIAL_REQUESTS_KEPT = 64  # origins whose dial request a connector keeps built
+
 
 class TimedConnector(TCPConnector):
     """A TCPConnector whose connection work is recorded on the current request."""
@@ -85,6 +87,8 @@ class TimedConnector(TCPConnector):
         to HTTP/2. aiohttp's pool, limits and errors apply as for any of its connects."""
         req = self._dial_requests.get(origin)
         if req is None:  # only its URL, TLS and key are read, so one serves every dial
+            if len(self._dial_requests) >= _DIAL_REQUESTS_KEPT:  # redirects choose origins
+                self._dial_requests.clear()
             where = URL(url).origin()  # scheme, host and port: no user info, path or query
             req = self._dial_requests[origin] = ClientRequest("GET", where, loop=self._loop)
         conn = await self._connect(state, req, [], timeout)
