@@ -23,6 +23,7 @@ import dns.rcode
 import dns.rrset
 import pytest
 from conftest import assert_exact
+from wire_bounds import LOOPBACK_NS, Steal, hold_each
 
 import latency_analyzer as la
 from latency_analyzer.capture import _dnswire
@@ -100,12 +101,16 @@ def _median_abs(values: list[int]) -> float:
 
 
 async def test_dns_stage_matches_the_capture_on_a_quiet_host(dns_port: int) -> None:
+    """Within 0.1 ms of the capture at the median, 0.5 ms each, as every pair of kernel
+    stamps is held (:func:`wire_bounds.hold_each`): a host stall between the two moves one
+    now and then, a query's start early (our instant before its send), an answer's end late."""
     require_tcpdump()
-    wfs, packets = await _cold_lookups(dns_port, N)
+    with Steal() as steal:
+        wfs, packets = await _cold_lookups(dns_port, N)
     err = _errors(wfs, packets, dns_port)
     for name, values in (("start", err.start), ("end", err.end)):
         assert _median_abs(values) <= 100_000, (name, values)
-        assert max(abs(v) for v in values) <= 500_000, (name, values)
+        hold_each(f"dns {name}", values, LOOPBACK_NS, steal, early=name == "start")
 
 
 def _burners(cpu: int) -> list[subprocess.Popen[bytes]]:
