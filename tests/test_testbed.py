@@ -22,7 +22,7 @@ import dns.asyncresolver
 import dns.exception
 import dns.resolver
 import pytest
-from wire_bounds import Steal, hold_each
+from wire_bounds import ANCHOR_NS, LOOPBACK_NS, Steal, hold_each
 
 import latency_analyzer.testing as testing
 from latency_analyzer.testing import (
@@ -34,6 +34,7 @@ from latency_analyzer.testing import (
     token_text,
 )
 from latency_analyzer.testing.pcap import PacketCapture, require_tcpdump
+from latency_analyzer.timeline import process_anchor
 
 TOLERANCE_NS = 500_000
 CHAT = "/v1/chat/completions"
@@ -574,7 +575,12 @@ async def test_delay_proxy_adds_two_one_way_delays_per_round_trip() -> None:
     jiffy it took meanwhile lets one more late forward past, as :func:`wire_bounds.hold_each`
     does. A user-space round trip through it also holds every delay the host adds on the way
     in, which a busy host makes hundreds of microseconds; the capture tells the proxy's part
-    from the host's."""
+    from the host's.
+
+    The proxy's own log of each relay (:class:`~latency_analyzer.testing.delay_proxy.Relay`)
+    is held to the same capture: its receive time is the kernel's stamp of the segment that
+    came, its send time our instant before the write of the one that left (never after it,
+    by the send path's length at most)."""
     require_tcpdump()
     echo = await asyncio.start_server(_echo, "127.0.0.1", 0)
     echo_port = echo.sockets[0].getsockname()[1]
@@ -598,6 +604,19 @@ async def test_delay_proxy_adds_two_one_way_delays_per_round_trip() -> None:
     assert excess[0] >= 0, excess  # never early
     hold_each("proxy delay - 5 ms", excess, 200_000, steal)
     assert min(rtts) >= 10 * MS  # a user-space round trip holds both delays
+    relays = list(proxy.relays)
+    epoch = process_anchor().to_epoch_ns
+    up = [r for r in relays if r.upstream]
+    down = [r for r in relays if not r.upstream]
+    assert [r.size for r in up] == [r.size for r in down] == [4] * len(rtts)
+    assert {r.connection for r in relays} == {1}
+    arrived, forwarded = from_client + from_echo, to_echo + to_client
+    came = [epoch(r.received_ns) - t for r, t in zip(up + down, arrived, strict=True)]
+    left = [t - epoch(r.sent_ns) for r, t in zip(up + down, forwarded, strict=True)]
+    print(f"relay received - capture: {came} ns; capture - relay sent: {left} ns")
+    hold_each("relay received - capture", came, LOOPBACK_NS, steal)
+    hold_each("capture - relay sent", left, LOOPBACK_NS, steal)
+    assert min(came) >= -ANCHOR_NS and min(left) >= -ANCHOR_NS, (came, left)
 
 
 async def test_delay_proxy_carries_an_llm_stream_and_resets() -> None:

@@ -98,8 +98,10 @@ class TestBed(ChildServer):
 
     def truth(self) -> dict[str, Any]:
         """What the child recorded: ``dns`` ([received_ns, answered_ns] per query),
-        ``handshakes`` (:class:`Handshake` fields), ``h1`` and ``h2`` request records, and
-        ``anchor`` ([perf_counter_ns, time_ns] read together, to place them in epoch time)."""
+        ``handshakes`` (:class:`Handshake` fields), ``h1`` and ``h2`` request records,
+        ``relays`` (the delay proxy's :class:`~.delay_proxy.Relay` fields, none without one)
+        and ``anchor`` ([perf_counter_ns, time_ns] read together, to place them in epoch
+        time)."""
         reply: dict[str, Any] = self._ask("truth")
         return reply
 
@@ -126,19 +128,20 @@ async def _bed_main(config: Mapping[str, Any]) -> None:
                 **config["knobs"],
             )
         )
-        port = llm.port
+        port, proxy = llm.port, None
         if config["one_way"] > 0:
             proxy = DelayProxy(llm.host, llm.port, config["one_way"])
             port = (await stack.enter_async_context(proxy)).port
         ready = {"port": port, "resolver": dns.nameserver}
-        await serve_commands(ready, {"truth": lambda: _truth(dns, llm)})
+        await serve_commands(ready, {"truth": lambda: _truth(dns, llm, proxy)})
 
 
-def _truth(dns: DNSServer, llm: ALPNLLMServer) -> dict[str, Any]:
+def _truth(dns: DNSServer, llm: ALPNLLMServer, proxy: DelayProxy | None) -> dict[str, Any]:
     return {
         "anchor": [time.perf_counter_ns(), time.time_ns()],  # this host's two clocks, now
         "dns": [[q.received_ns, q.answered_ns] for q in dns.log],
         "handshakes": [dataclasses.asdict(h) for h in llm.handshakes],
         "h1": [r.to_json() for r in llm.h1.records],
         "h2": [dataclasses.asdict(r) for r in llm.h2.records],
+        "relays": [dataclasses.asdict(r) for r in proxy.relays] if proxy is not None else [],
     }

@@ -11,6 +11,11 @@ A chunk's delay runs from the kernel's receive time of the read that brought it 
 can wait hundreds of microseconds, and that wait is then inside the delay rather than added to
 it, as it is inside a delay a network emulator adds to a packet.
 
+It logs each chunk it relays (:class:`Relay`: the kernel's receive time, the instant of its
+write), so an interval a client measures across the proxy has a truth of its own, the wire at
+the client's side: the server's log leaves out the server's own work around it (its TLS,
+its parsing) and the proxy's send path.
+
 There is no back-pressure beyond pausing a reader while more than 4 MiB wait in its queue; it
 is meant for request/response-sized traffic, not bulk transfers.
 """
@@ -18,16 +23,20 @@ is meant for request/response-sized traffic, not bulk transfers.
 from __future__ import annotations
 
 import asyncio
+import collections
+import dataclasses
 import enum
 import socket
 import time
+from typing import Any
 
 from ._rx import RxSocket, rx_socket_of
 from ._timing import Service, abort_with_rst, check_loopback, deadline_after, sleep_until
 
-__all__ = ["DelayProxy"]
+__all__ = ["DelayProxy", "Relay"]
 
 _PAUSE_BYTES = 4 * 1024 * 1024
+RELAYS_KEPT = 4096  # the proxy's log keeps the latest chunks: a bounded record
 
 
 class _End(enum.Enum):
@@ -35,11 +44,28 @@ class _End(enum.Enum):
     RESET = "reset"
 
 
+@dataclasses.dataclass(frozen=True)
+class Relay:
+    """One chunk the proxy relayed: ``upstream`` (client to target) or not, on which
+    connection (its accept count), the kernel's receive time of the read that brought it,
+    and the instant just before the proxy's write of it (``perf_counter_ns``)."""
+
+    upstream: bool
+    connection: int
+    received_ns: int
+    sent_ns: int
+    size: int
+
+
 class _Direction:
     """One direction of a proxied connection: chunks queued with deadlines, written in order."""
 
-    def __init__(self, delay_ns: int) -> None:
+    def __init__(
+        self, delay_ns: int, upstream: bool = True, connection: int = 0, log: Any = None
+    ) -> None:
         self.delay_ns = delay_ns
+        self.upstream, self.connection = upstream, connection
+        self.log: collections.deque[Relay] | None = log
         self.queue: asyncio.Queue[tuple[int, bytes | _End]] = asyncio.Queue()
         self.source: asyncio.Transport | None = None
         self.pending = 0
@@ -66,7 +92,11 @@ class _Direction:
             if isinstance(item, _End):
                 _finish(sink, item)
                 return item
+            sent = time.perf_counter_ns()
             sink.write(item)
+            if self.log is not None:
+                received = deadline - self.delay_ns
+                self.log.append(Relay(self.upstream, self.connection, received, sent, len(item)))
             self._drained(len(item))
 
     def _drained(self, size: int) -> None:
@@ -134,6 +164,8 @@ class DelayProxy(Service):
 
     Attributes:
         connections: client connections accepted.
+        relays: the latest chunks relayed (:class:`Relay`, up to ``RELAYS_KEPT``): when each
+            came and when it left, the wire's account of every delay the proxy added.
     """
 
     def __init__(
@@ -153,6 +185,7 @@ class DelayProxy(Service):
         self._host = check_loopback(host)
         self._port = port
         self.connections = 0
+        self.relays: collections.deque[Relay] = collections.deque(maxlen=RELAYS_KEPT)
         self._tasks: set[asyncio.Task[None]] = set()
         self._transports: set[asyncio.Transport] = set()
 
@@ -190,7 +223,9 @@ class DelayProxy(Service):
     def _accept(self) -> _Side:
         self.connections += 1
         delay_ns = deadline_after(0, self.delay)
-        upstream, downstream = _Direction(delay_ns), _Direction(delay_ns)
+        number, log = self.connections, self.relays
+        upstream = _Direction(delay_ns, True, number, log)
+        downstream = _Direction(delay_ns, False, number, log)
         client = _Side(upstream)
         task = asyncio.get_running_loop().create_task(self._relay(client, upstream, downstream))
         self._tasks.add(task)
