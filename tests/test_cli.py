@@ -31,7 +31,7 @@ from wire_bounds import LOOPBACK_NS, Steal, hold_each, read_end_error
 import latency_analyzer as la
 from latency_analyzer import demo
 from latency_analyzer.cli import main
-from latency_analyzer.testing import DNSServer, LLMServer, SubprocessLLMServer, TestCA
+from latency_analyzer.testing import DNSServer, LLMServer, SubprocessLLMServer, TestBed, TestCA
 from latency_analyzer.testing.pcap import Flow, PacketCapture, require_tcpdump
 from latency_analyzer.testing.tcpdump import TcpDump
 from latency_analyzer.timeline import process_anchor
@@ -590,3 +590,38 @@ def test_probe_count_diagnose_of_a_refused_connection_says_it_failed(
     assert obj["server_alpn"] is None  # nothing is negotiated over http://
     assert main(["probe", url, "--count", "0"]) == 2
     assert "--count must be at least 1" in capsys.readouterr().err
+
+
+def test_the_demos_warm_wait_truth_is_the_proxys_side_facing_the_client() -> None:
+    """The request's last bytes as the proxy received them from the client, to its write of
+    the first bytes the server sent after logging its headers: the relays around them (an
+    earlier request's, a later token's) are not taken."""
+    ms = 1_000_000
+    relay = ("upstream", "received_ns", "sent_ns")
+    relays = [
+        dict(zip(relay, row, strict=True))
+        for row in (
+            (True, 1 * ms, 21 * ms),  # the request's first bytes
+            (True, 2 * ms, 22 * ms),  # its last, forwarded before the server had it all
+            (True, 30 * ms, 50 * ms),  # a later request
+            (False, 22 * ms + 300_000, 42 * ms + 300_000),  # an earlier response's tail
+            (False, 23 * ms, 43 * ms),  # the headers, after the server logged them
+            (False, 24 * ms, 44 * ms),  # a token
+        )
+    ]
+    # the server had the request at 22.4 ms and logged its headers at 22.8 ms
+    got = demo._proxied_wait(relays, 22 * ms + 400_000, 22 * ms + 800_000)
+    assert got == pytest.approx((43 - 2) / 1e3)
+    assert demo._proxied_wait([], 22 * ms, 23 * ms) is None  # no proxy: nothing to hold it to
+
+
+def test_the_bed_logs_what_its_proxy_relayed() -> None:
+    """With a one-way delay the bed's truth carries the proxy's relays, both ways, each
+    written no sooner than the delay after the kernel had it."""
+    with TestBed(one_way=0.005, tokens=2) as bed:
+        wf = la.probe(bed.url, resolver=bed.resolver, ssl=bed.client_context(), json=chat_body())
+        relays = bed.truth()["relays"]
+    assert wf.ok, wf.error
+    assert {r["upstream"] for r in relays} == {True, False}
+    assert all(r["sent_ns"] - r["received_ns"] >= 5_000_000 for r in relays)
+    assert {r["connection"] for r in relays} == {1}

@@ -141,4 +141,5 @@ def test_the_bed_runs_in_its_own_process() -> None:
             "handshakes": [],
             "h1": [],
             "h2": [],
+            "relays": [],  # no delay proxy: no one-way delay was asked for
         }
