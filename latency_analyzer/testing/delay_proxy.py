@@ -28,7 +28,6 @@ import dataclasses
 import enum
 import socket
 import time
-from typing import Any
 
 from ._rx import RxSocket, rx_socket_of
 from ._timing import Service, abort_with_rst, check_loopback, deadline_after, sleep_until
@@ -61,11 +60,15 @@ class _Direction:
     """One direction of a proxied connection: chunks queued with deadlines, written in order."""
 
     def __init__(
-        self, delay_ns: int, upstream: bool = True, connection: int = 0, log: Any = None
+        self,
+        delay_ns: int,
+        upstream: bool = True,
+        connection: int = 0,
+        log: collections.deque[Relay] | None = None,
     ) -> None:
         self.delay_ns = delay_ns
         self.upstream, self.connection = upstream, connection
-        self.log: collections.deque[Relay] | None = log
+        self.log = log
         self.queue: asyncio.Queue[tuple[int, bytes | _End]] = asyncio.Queue()
         self.source: asyncio.Transport | None = None
         self.pending = 0
