@@ -63,6 +63,8 @@ class Packet:
     payload: bytes
     length: int = -1
     """Payload bytes on the wire (more than ``payload`` holds when the snap length cut it)."""
+    ack_no: int = 0
+    """The acknowledgment number (meaningful when :attr:`ack` is set)."""
 
     @property
     def size(self) -> int:
@@ -129,10 +131,10 @@ def _decode(link: int, frame: bytes, t: int) -> Packet | None:
 def _tcp(seg: bytes, wire_len: int, src: str, dst: str, t: int) -> Packet | None:
     if len(seg) < 20:
         return None
-    sport, dport, seq = struct.unpack_from(">HHI", seg)
+    sport, dport, seq, ack_no = struct.unpack_from(">HHII", seg)
     offset, flags = (seg[12] >> 4) * 4, seg[13]
     payload = bytes(seg[offset:])
-    return Packet(t, (src, sport), (dst, dport), flags, seq, payload, wire_len - offset)
+    return Packet(t, (src, sport), (dst, dport), flags, seq, payload, wire_len - offset, ack_no)
 
 
 def _ipv4(raw: bytes) -> str:
@@ -183,6 +185,44 @@ class Flow:
             if offset + len(payload) > len(out):
                 out += payload[len(out) - offset :]
         return bytes(out)
+
+    def round_trips(self) -> list[tuple[int, int]] | None:
+        """The round trips the client's kernel timed on this connection, as ``(arrival_ns,
+        rtt_ns)`` per sample, in order; None if a segment was sent twice (a retransmission's
+        round trip is ambiguous, and the kernel times it differently).
+
+        Linux takes a sample from each ACK that covers sequence space it had not seen acked,
+        timed from the send of the oldest segment that ACK newly covers in full (its SYN
+        counts, so the SYN-ACK is the first sample) to the ACK's arrival; ACKs covering
+        nothing new are not samples. The capture's stamps stand for the kernel's: each is
+        taken on the same path, a few microseconds from it.
+        """
+        isn = next(p.seq for p in self.packets if p.syn and p.src == self.client)
+        sent: dict[int, tuple[int, int]] = {}  # relative end sequence -> (start, send time)
+        for p in self.packets:
+            if p.src != self.client:
+                continue
+            span = p.size + (1 if p.syn else 0) + (1 if p.flags & _FIN else 0)
+            if not span:
+                continue
+            start = (p.seq - isn) % 2**32
+            if start + span in sent:
+                return None
+            sent[start + span] = (start, p.time_ns)
+        pending = sorted(sent.items())
+        acked, out = 0, []
+        for p in self.packets:
+            if p.src != self.server or not p.ack:
+                continue
+            upto = (p.ack_no - isn) % 2**32
+            if upto <= acked:
+                continue
+            acked = upto
+            covered = [t for end, (_, t) in pending if end <= upto]
+            pending = [(end, v) for end, v in pending if end > upto]
+            if covered:
+                out.append((p.time_ns, p.time_ns - covered[0]))
+        return out
 
     def time_of_byte(self, direction: str, offset: int) -> int:
         """When the segment carrying stream byte ``offset`` (0-based) crossed lo."""
