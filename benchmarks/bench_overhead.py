@@ -26,7 +26,11 @@ core) hits every variant alike.
   open loop does (the client prepares them and hands their bytes to the kernel at it); its
   target is the P95. ``unannounced`` is the same with the instant already come when they are
   asked for (no preparation ahead), and from each request's own start too (after its
-  ``schedule_lag``), which leaves out the wait behind the others.
+  ``schedule_lag``), which leaves out the wait behind the others. ``floor`` is the same
+  instant's sends with nothing of ours or asyncio's: a request of the same headers written on
+  each of 100 plain blocking sockets in a loop, a round before each of ours. It measures the
+  kernel's own cost of a hundred loopback sends (each runs the receiving side's TCP in the
+  sender's system call), so ours over it is what our schedule adds.
 * ``profile``: when a target is missed (or with ``--profile``), the "ours" variant of the
   missed scenario(s) under cProfile: top functions by tottime, waiting in epoll excluded.
 """
@@ -43,6 +47,7 @@ import os
 import platform
 import pstats
 import random
+import socket
 import statistics
 import sys
 import time
@@ -309,29 +314,36 @@ async def presend(base: str, rounds: int) -> dict[str, Any]:
     ahead: list[int] = []
     from_due: list[int] = []
     from_own: list[int] = []
-    async with la.Client(base, limit=n) as client:
-        for _ in range(2):  # opens the n connections, then runs once warm
-            await asyncio.gather(*(client.request("/health") for _ in range(n)))
-        gc.collect()
-        c0 = time.process_time_ns()
-        for _ in range(rounds):
-            for lead, out in ((PRESEND_AHEAD_MS * 1_000_000, ahead), (0, from_due)):
-                due = time.perf_counter_ns() + lead
-                wfs = await asyncio.gather(
-                    *(client.request("/health", intended_start_ns=due) for _ in range(n))
-                )
-                for wf in wfs:
-                    send = wf.stage("send")
-                    if not wf.ok or send is None:
-                        raise BenchError(f"pre-send round: {wf.error_type}: {wf.error}")
-                    out.append(send.start_ns - due)
-                    if not lead:
-                        lag = wf.stage("schedule_lag")
-                        own_start = wf.start_ns if lag is None else lag.end_ns
-                        from_own.append(send.start_ns - own_start)
-        cpu = time.process_time_ns() - c0
-        reused = sum(1 for wf in wfs if wf.connection.reused)
-        kernel_timer = client._sends is not None and client._sends.kernel_timer
+    floor: list[int] = []
+    plain = SendFloor(base)
+    try:
+        async with la.Client(base, limit=n) as client:
+            for _ in range(2):  # opens the n connections, then runs once warm
+                await asyncio.gather(*(client.request("/health") for _ in range(n)))
+            gc.collect()
+            cpu = 0
+            for _ in range(rounds):
+                floor += plain.round()  # each round beside ours: the host's state is shared
+                c0 = time.process_time_ns()
+                for lead, out in ((PRESEND_AHEAD_MS * 1_000_000, ahead), (0, from_due)):
+                    due = time.perf_counter_ns() + lead
+                    wfs = await asyncio.gather(
+                        *(client.request("/health", intended_start_ns=due) for _ in range(n))
+                    )
+                    for wf in wfs:
+                        send = wf.stage("send")
+                        if not wf.ok or send is None:
+                            raise BenchError(f"pre-send round: {wf.error_type}: {wf.error}")
+                        out.append(send.start_ns - due)
+                        if not lead:
+                            lag = wf.stage("schedule_lag")
+                            own_start = wf.start_ns if lag is None else lag.end_ns
+                            from_own.append(send.start_ns - own_start)
+                cpu += time.process_time_ns() - c0
+            reused = sum(1 for wf in wfs if wf.connection.reused)
+            kernel_timer = client._sends is not None and client._sends.kernel_timer
+    finally:
+        plain.close()
 
     def ms(values: list[int]) -> dict[str, float]:
         return {
@@ -347,9 +359,75 @@ async def presend(base: str, rounds: int) -> dict[str, Any]:
         "instants_kept_by": "timerfd" if kernel_timer else "asyncio timers",
         "last_round_reused_connections": reused,
         "from_due_ms": ms(ahead),
+        "floor": {
+            "what": f"{n} plain blocking sockets, one send each at the instant, in a loop",
+            "from_due_ms": ms(floor),
+        },
+        "p95_over_floor_ms": round((pct(ahead, 95) - pct(floor, 95)) / 1e6, 4),
         "unannounced": {"from_due_ms": ms(from_due), "from_own_start_ms": ms(from_own)},
         "cpu_us_per_request": us(cpu / (len(ahead) + len(from_due))),
     }
+
+
+class SendFloor:
+    """``PRESEND_STARTS`` plain blocking sockets to the server, each sent one request at an
+    instant in a loop: the due instant -> each send's start, with nothing of ours in it."""
+
+    def __init__(self, base: str) -> None:
+        host, port = base.split("://", 1)[1].rsplit(":", 1)
+        self.request = (
+            f"GET /health HTTP/1.1\r\nHost: {host}:{port}\r\nAccept: */*\r\n"
+            "Accept-Encoding: gzip, deflate\r\nUser-Agent: Python/3 aiohttp/3\r\n"
+            f"traceparent: 00-{'1' * 32}-{'2' * 16}-01\r\n\r\n"
+        ).encode()
+        self.socks: list[socket.socket] = []
+        try:
+            for _ in range(PRESEND_STARTS):
+                sock = socket.create_connection((host, int(port)), timeout=10)
+                self.socks.append(sock)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.round()  # the server's side of each set up before anything counts
+        except BaseException:
+            self.close()
+            raise
+
+    def round(self) -> list[int]:
+        clock, request = time.perf_counter_ns, self.request
+        due = clock() + 1_000_000
+        while clock() < due:  # spun to the instant: no wake-up in the figure
+            pass
+        sent = []
+        for sock in self.socks:
+            sent.append(clock())
+            sock.sendall(request)
+        for sock in self.socks:
+            _read_response(sock)
+        return [t - due for t in sent]
+
+    def close(self) -> None:
+        for sock in self.socks:
+            sock.close()
+
+
+def _read_response(sock: socket.socket) -> None:
+    """One HTTP/1.1 response with a Content-Length, read whole off ``sock``."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise BenchError("the server closed a floor connection")
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":", 1)[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise BenchError("the server closed a floor connection")
+        body += chunk
 
 
 # --- profile ---------------------------------------------------------------------------
@@ -608,6 +686,9 @@ def summary(result: dict[str, Any], seconds: float) -> str:
         f"instant P50 {pre['from_due_ms']['p50']:.3f} ms, "
         f"P95 {pre['from_due_ms']['p95']:.3f} ms (target ≤ {t['presend_p95_max_ms']}: "
         f"{ok[t['presend_met']]}), max {pre['from_due_ms']['max']:.3f} ms",
+        f"  floor ({pre['floor']['what']}): P50 {pre['floor']['from_due_ms']['p50']:.3f} ms, "
+        f"P95 {pre['floor']['from_due_ms']['p95']:.3f} ms; ours P95 over it "
+        f"{pre['p95_over_floor_ms']:+.3f} ms",
         f"  unannounced: from the due instant P50 {un['from_due_ms']['p50']:.3f} ms, "
         f"P95 {un['from_due_ms']['p95']:.3f} ms; from each request's own start "
         f"P50 {un['from_own_start_ms']['p50']:.3f} ms, "
