@@ -30,7 +30,8 @@ core) hits every variant alike.
   instant's sends with nothing of ours or asyncio's: a request of the same headers written on
   each of 100 plain blocking sockets in a loop, a round before each of ours. It measures the
   kernel's own cost of a hundred loopback sends (each runs the receiving side's TCP in the
-  sender's system call), so ours over it is what our schedule adds.
+  sender's system call) and a bare Python loop around them, so ours over it is what our
+  schedule, asyncio's transports and our stamps add.
 * ``profile``: when a target is missed (or with ``--profile``), the "ours" variant of the
   missed scenario(s) under cProfile: top functions by tottime, waiting in epoll excluded.
 """
@@ -393,6 +394,7 @@ class SendFloor:
 
     def round(self) -> list[int]:
         clock, request = time.perf_counter_ns, self.request
+        self._blocking(None)  # no poll() before each send, as a timeout would make
         due = clock() + 1_000_000
         while clock() < due:  # spun to the instant: no wake-up in the figure
             pass
@@ -400,9 +402,14 @@ class SendFloor:
         for sock in self.socks:
             sent.append(clock())
             sock.sendall(request)
+        self._blocking(10.0)  # the reads are not timed: bounded instead
         for sock in self.socks:
             _read_response(sock)
         return [t - due for t in sent]
+
+    def _blocking(self, timeout: float | None) -> None:
+        for sock in self.socks:
+            sock.settimeout(timeout)
 
     def close(self) -> None:
         for sock in self.socks:
@@ -419,10 +426,15 @@ def _read_response(sock: socket.socket) -> None:
         data += chunk
     head, _, body = data.partition(b"\r\n\r\n")
     length = next(
-        int(line.split(b":", 1)[1])
-        for line in head.split(b"\r\n")
-        if line.lower().startswith(b"content-length:")
+        (
+            int(line.split(b":", 1)[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        ),
+        None,
     )
+    if length is None:
+        raise BenchError("a floor response came without a Content-Length")
     while len(body) < length:
         chunk = sock.recv(65536)
         if not chunk:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from latency_analyzer.testing.pcap import Flow, Packet
 
 CLIENT, SERVER = ("127.0.0.1", 40000), ("127.0.0.1", 8000)
@@ -77,3 +79,20 @@ def test_a_resent_segment_makes_the_round_trips_unknown() -> None:
         Packet(320_000, SERVER, CLIENT, ACK, 8, b"", ack_no=111),
     ]
     assert Flow(CLIENT, SERVER, packets).round_trips() is None
+
+
+def test_a_resend_cut_differently_from_the_first_copy_still_makes_them_unknown() -> None:
+    packets = [
+        *_handshake(),
+        Packet(22_000, CLIENT, SERVER, ACK, 101, b"a" * 10),
+        Packet(23_000, CLIENT, SERVER, ACK, 111, b"b" * 10),
+        Packet(300_000, CLIENT, SERVER, ACK, 101, b"a" * 10 + b"b" * 5),  # collapsed, re-cut
+        Packet(320_000, SERVER, CLIENT, ACK, 8, b"", ack_no=121),
+    ]
+    assert Flow(CLIENT, SERVER, packets).round_trips() is None
+
+
+def test_a_flow_without_its_syn_says_so() -> None:
+    packets = [Packet(22_000, CLIENT, SERVER, ACK, 101, b"a" * 10)]
+    with pytest.raises(ValueError, match="no SYN"):
+        Flow(CLIENT, SERVER, packets).round_trips()

@@ -1,6 +1,7 @@
-"""A packet capture as ground truth: tcpdump on the loopback interface, read back here.
+"""A packet capture as ground truth: tcpdump on the loopback interface (or another device),
+read back here.
 
-The capture's stamps are the kernel's, taken as each packet crosses ``lo``, so no load on
+The capture's stamps are the kernel's, taken as each packet crosses the device, so no load on
 the measuring process can move them. They are ``CLOCK_REALTIME`` nanoseconds; map them onto a
 process's ``perf_counter_ns`` with its clock anchor
 (``latency_analyzer.timeline.process_anchor().to_perf_ns``).
@@ -11,7 +12,7 @@ process's ``perf_counter_ns`` with its clock anchor
         ...  # traffic to 127.0.0.1:port
     for flow in cap.flows():            # one per TCP connection, in SYN order
         flow.syn_ns, flow.syn_ack_ns
-        flow.time_of_byte("in", offset)   # when the server's byte ``offset`` crossed lo
+        flow.time_of_byte("in", offset)   # when the server's byte ``offset`` crossed the device
         flow.data("in")                   # the server's bytes, reassembled
 
 The reader is pure Python: pcap (micro- or nanosecond, either byte order) with Ethernet
@@ -188,17 +189,25 @@ class Flow:
 
     def round_trips(self) -> list[tuple[int, int]] | None:
         """The round trips the client's kernel timed on this connection, as ``(arrival_ns,
-        rtt_ns)`` per sample, in order; None if a segment was sent twice (a retransmission's
-        round trip is ambiguous, and the kernel times it differently).
+        rtt_ns)`` per sample, in order; None if any sequence space was sent twice (a
+        retransmission's round trip is ambiguous, and the kernel times it differently).
 
-        Linux takes a sample from each ACK that covers sequence space it had not seen acked,
-        timed from the send of the oldest segment that ACK newly covers in full (its SYN
-        counts, so the SYN-ACK is the first sample) to the ACK's arrival; ACKs covering
-        nothing new are not samples. The capture's stamps stand for the kernel's: each is
-        taken on the same path, a few microseconds from it.
+        Linux takes a sample from an ACK that covers, in full, a segment it had not seen
+        acked, timed from the send of the oldest such segment (the SYN counts, so the SYN-ACK
+        is the first sample) to the ACK's arrival; an ACK that covers nothing new, or only
+        part of a segment, is not a sample. The capture's stamps stand in for the kernel's
+        and err one way: a send is captured after TCP stamped it, an arriving ACK as the
+        device queues it, before TCP times it (tens of microseconds on a TUN device), so
+        each sample here is the kernel's or a little shorter.
+
+        Raises:
+            ValueError: the capture holds no SYN from the client.
         """
-        isn = next(p.seq for p in self.packets if p.syn and p.src == self.client)
-        sent: dict[int, tuple[int, int]] = {}  # relative end sequence -> (start, send time)
+        isn = next((p.seq for p in self.packets if p.syn and p.src == self.client), None)
+        if isn is None:
+            raise ValueError(f"no SYN from {self.client} in the capture: no sequence origin")
+        sent: dict[int, int] = {}  # relative end sequence -> send time
+        high = 0  # the furthest sequence sent so far: a segment starting below it is a resend
         for p in self.packets:
             if p.src != self.client:
                 continue
@@ -206,9 +215,10 @@ class Flow:
             if not span:
                 continue
             start = (p.seq - isn) % 2**32
-            if start + span in sent:
+            if start < high:  # resent, perhaps cut differently from the first copy
                 return None
-            sent[start + span] = (start, p.time_ns)
+            high = start + span
+            sent[high] = p.time_ns
         pending = sorted(sent.items())
         acked, out = 0, []
         for p in self.packets:
@@ -218,14 +228,14 @@ class Flow:
             if upto <= acked:
                 continue
             acked = upto
-            covered = [t for end, (_, t) in pending if end <= upto]
+            covered = [t for end, t in pending if end <= upto]
             pending = [(end, v) for end, v in pending if end > upto]
             if covered:
                 out.append((p.time_ns, p.time_ns - covered[0]))
         return out
 
     def time_of_byte(self, direction: str, offset: int) -> int:
-        """When the segment carrying stream byte ``offset`` (0-based) crossed lo."""
+        """When the segment carrying stream byte ``offset`` (0-based) crossed the device."""
         offsets = self._offsets(direction)
         i = bisect_right([o for o, _ in offsets], offset) - 1
         if i < 0 or offset >= offsets[i][0] + offsets[i][1].size:
@@ -234,7 +244,7 @@ class Flow:
 
     def content_event_ns(self) -> list[int]:
         """When the last byte of each OpenAI streaming event with text (``delta.content``)
-        crossed lo, epoch ns: the truth for a stream's token stamps (the role-only first
+        crossed the device, epoch ns: the truth for a stream's token stamps (the role-only first
         event, empty-text events and ``[DONE]`` left out)."""
         data = self.data("in")
         out = []
