@@ -110,5 +110,7 @@ def _seen(state: RequestState, stage: str) -> bool:
 def _socket_factory(addr_info: tuple[Any, ...]) -> socket.socket:
     family, type_, proto = addr_info[:3]
     sock = _PromptSocket(family, type_, proto)
-    sock.state = CURRENT.get()
+    sock.state = state = CURRENT.get()
+    if state is not None:
+        state.sockets = [*(state.sockets or ()), sock]
     return sock

@@ -22,6 +22,11 @@ def _open_stage(recorder: Recorder) -> str:
     return "the response body"
 
 
+def closed_message(recorder: Recorder) -> str:
+    """Why a request its Client's close ended failed, and where it was."""
+    return f"the Client was closed while the request was in flight (during {_open_stage(recorder)})"
+
+
 def _handshake_failure(exc: aiohttp.ClientConnectorError) -> str:
     """What broke a TLS handshake, in words (aiohttp's text reads "ssl:default [None]" when
     the server just closed: an old server that will not speak any version we offer does so)."""

@@ -37,6 +37,7 @@ class RequestState:
         "alpn_settled",
         "answer",
         "body_end_ns",
+        "client_closed",
         "dialled",
         "h2_mode",
         "h2_open",
@@ -47,6 +48,7 @@ class RequestState:
         "protocol",
         "ready",
         "recorder",
+        "sockets",
         "trace",
     )
 
@@ -60,6 +62,11 @@ class RequestState:
         # sockets whose handshake was still pending when connect returned (happy eyeballs may
         # dial several): the one that won gives the connect stage its kernel end
         self.dialled: list[Any] | None = None
+        # every socket made for this request's dials: what closing the Client shuts down
+        # while a handshake (TCP or TLS) is still under way, before any pool holds it
+        self.sockets: list[Any] | None = None
+        # set when the Client was closed with this request in flight: what ends it is named so
+        self.client_closed = False
         # None: HTTP/1.1 only; "prefer": hand over if ALPN picks h2; "require": h2 or fail
         self.h2_mode: str | None = None
         # called once the TLS handshake chose HTTP/1.1 for a dial others may be waiting on

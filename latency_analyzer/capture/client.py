@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
+import socket
 import ssl as _ssl
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -19,7 +21,7 @@ from .._redact import redact_url, remember_request
 from ..errors import UsageError
 from ..timeline import Recorder, Waterfall
 from ._build import _is_http_url, _tls_context, _too_many_redirects
-from ._errors import classify
+from ._errors import classify, closed_message
 from ._hold import Hold, SendSchedule
 from ._redirect import Hop, next_hop, with_chain
 from ._state import CURRENT, RequestState, TraceHook, now_ns
@@ -103,6 +105,7 @@ class Client(ClientTransport):
         self._sends: SendSchedule | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
+        self._in_flight: set[RequestState] = set()  # what close() ends
 
     async def __aenter__(self) -> Client:
         self._open()
@@ -112,8 +115,19 @@ class Client(ClientTransport):
         await self.close()
 
     async def close(self) -> None:
-        """Close every pooled connection; the Client cannot be used afterwards."""
+        """Close every pooled connection; the Client cannot be used afterwards.
+
+        Requests still in flight end at once, each with its waterfall so far and
+        ``error_type="closed"``: connections in use are closed, dials under way (a TCP or TLS
+        handshake) shut down, and requests waiting for a connection or for their instant
+        stop waiting.
+        """
         self._closed = True
+        for state in self._in_flight:
+            state.client_closed = True
+            for sock in state.sockets or ():
+                with contextlib.suppress(OSError):  # closed already, or never connected
+                    sock.shutdown(socket.SHUT_RDWR)
         if self._sends is not None:
             self._sends.close()
             self._sends = None
@@ -206,6 +220,7 @@ class Client(ClientTransport):
         )
         state = RequestState(recorder, self._trace)
         state.answer, state.hold = answer, hold
+        self._in_flight.add(state)
         # W3C traceparent: how server spans find this request
         trace_id, span_id, parent_span_id, _ = _inject_ids(sent)
         attributes = recorder.attributes
@@ -218,18 +233,26 @@ class Client(ClientTransport):
         try:
             await self._route(state, method, full, json, data, headers, limit)
         except asyncio.CancelledError:
-            cancelled = on_cancel is not None
-            if cancelled:
-                state.fail("cancelled", "cancelled before the response ended", now_ns())
-            raise
+            if not (state.client_closed and _not_cancelling()):  # the caller's cancellation
+                cancelled = on_cancel is not None
+                if cancelled:
+                    state.fail("cancelled", "cancelled before the response ended", now_ns())
+                raise
+            # a wait our close cancelled (a pool slot, the request's instant), not this task
+            state.fail("closed", closed_message(state.recorder), now_ns())
         except Exception as exc:  # every network failure becomes data on the waterfall
             failed_at = now_ns()
             if state.protocol is not None and not state.protocol.backlog:
                 state.protocol.close_send()  # all bytes had left: the request was sent
-            kind, message = classify(exc, state.recorder, limit)
+            if state.client_closed:  # what broke it was our close, whatever it looked like
+                kind, message = "closed", closed_message(state.recorder)
+            else:
+                kind, message = classify(exc, state.recorder, limit)
             state.fail(kind, message, failed_at)
         finally:
             CURRENT.reset(token)
+            self._in_flight.discard(state)
+            state.sockets = None
             recorder = state.recorder  # a new one if the request was retried (._stale)
             if recorder.tcp_end is None and state.protocol is not None:  # failed: if still open
                 recorder.tcp_end = tcp_info_of(state.protocol.transport)
@@ -242,6 +265,14 @@ class Client(ClientTransport):
         if recorder.interrupted or state.body_end_ns is None:
             return recorder.finish(max(now_ns(), start)), state.location
         return recorder.finish(state.body_end_ns), state.location
+
+
+def _not_cancelling() -> bool:
+    """True when the running task has no cancellation asked of it (so a CancelledError came
+    from a future someone else cancelled). Python 3.10 cannot tell: False."""
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)
+    return cancelling is not None and cancelling() == 0
 
 
 async def aprobe(
