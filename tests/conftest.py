@@ -127,7 +127,15 @@ def realtime() -> Iterator[None]:
     For the test bed's own precision tests, whose server and measuring client share this
     process: ordinary processes elsewhere on a busy host then cannot delay either of them.
     Refused (not root), the test runs at normal priority.
+
+    What the suite's earlier tests left in this process is collected and frozen first, as the
+    hook above does every 20 tests: a priority keeps other processes off the CPU, not this
+    one's own collector, whose full collection over up to 19 tests' objects can stop the
+    server mid-stream for tens of ms. (One burner run had token writes 18-26 ms late with no
+    steal at real-time priority: a stall of this process's own.)
     """
+    gc.collect()
+    gc.freeze()
     before = os.sched_getscheduler(0), os.sched_getparam(0)
     go_realtime()
     try:
