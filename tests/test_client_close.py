@@ -11,16 +11,18 @@ of seconds, which says the close ended them, not how fast a host runs."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import pytest
-from conftest import assert_exact
+from conftest import assert_exact, chat_body
 
 import latency_analyzer as la
-from latency_analyzer.testing import SubprocessLLMServer
+from latency_analyzer.testing import H2LLMServer, SubprocessLLMServer
 
 LLM_KNOBS = {"header_delay": 30.0}
 TIMEOUT = 60.0
@@ -163,3 +165,91 @@ async def test_a_callers_cancellation_during_the_close_still_propagates(
     finally:
         await client.close()
     assert [wf.error_type for wf in seen] == ["cancelled"]
+
+
+def _cut_body_server(answer: bytes, requests: list[bytes]) -> Callable[..., Any]:
+    """A server that sends ``answer`` (headers and the start of a body) and then says nothing
+    until the client goes."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        requests.append(await reader.readuntil(b"\r\n\r\n"))
+        writer.write(answer)
+        await writer.drain()
+        with contextlib.suppress(ConnectionError):
+            await reader.read()  # until the client goes
+        writer.close()
+
+    return serve
+
+
+SSE_START = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+    b'2f\r\ndata: {"choices":[{"delta":{"content":"a"}}]}\n\n\r\n'
+)
+SIZED_START = b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nhalf"
+
+
+@pytest.mark.parametrize("answer", [SSE_START, SIZED_START], ids=["sse", "sized"])
+async def test_a_body_in_flight_ends_closed_at_once(answer: bytes) -> None:
+    """The body's reader is woken by the close (aiohttp forgets a payload as it closes its
+    connection, so nothing else would wake it): a stream fed as it arrives and a sized body."""
+    requests: list[bytes] = []
+    server = await asyncio.start_server(_cut_body_server(answer, requests), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = la.Client(timeout=TIMEOUT)
+    text: list[str] = []
+    try:
+        task = asyncio.create_task(client.request(f"http://127.0.0.1:{port}/", answer=text))
+        await _until(lambda: len(requests) == 1, "the server receive the request")
+        if answer is SSE_START:
+            await _until(lambda: text == ["a"], "the first token")
+        else:
+            await asyncio.sleep(0.05)  # the headers and 4 of 100 bytes are read
+        (wf,) = await _closed_while(client, task)
+    finally:
+        await client.close()
+        server.close()
+        await server.wait_closed()
+    assert wf.error_type == "closed", wf.error
+    assert wf.status == 200 and "wait" in wf.stages
+    assert_exact(wf)
+
+
+async def test_an_http2_stream_in_flight_ends_closed_at_once() -> None:
+    async with H2LLMServer(prefill=0.0, decode=30.0, tokens=4) as server:
+        client = la.Client(server.url, http2=True, timeout=TIMEOUT)
+        text: list[str] = []
+        try:
+            task = asyncio.create_task(
+                client.request("/v1/chat/completions", json=chat_body(), answer=text)
+            )
+            await _until(lambda: len(text) >= 1, "the first token")
+            (wf,) = await _closed_while(client, task)
+        finally:
+            await client.close()
+    assert wf.error_type == "closed", wf.error
+    assert wf.status == 200 and "h2_setup" in wf.stages
+    assert_exact(wf)
+
+
+async def test_a_redirect_cut_by_the_close_is_not_followed() -> None:
+    """A 302 whose body the close cut short ends there: its waterfall, ``closed``, and no
+    next hop on a Client that is gone."""
+    requests: list[bytes] = []
+    answer = b"HTTP/1.1 302 Found\r\nLocation: /next\r\nContent-Length: 100\r\n\r\nhalf"
+    server = await asyncio.start_server(_cut_body_server(answer, requests), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = la.Client(timeout=TIMEOUT, follow_redirects=True)
+    try:
+        task = asyncio.create_task(client.request(f"http://127.0.0.1:{port}/first"))
+        await _until(lambda: len(requests) == 1, "the server receive the request")
+        await asyncio.sleep(0.05)  # the headers are read; the body never completes
+        (wf,) = await _closed_while(client, task)
+    finally:
+        await client.close()
+        server.close()
+        await server.wait_closed()
+    assert wf.error_type == "closed", wf.error
+    assert wf.status == 302 and "redirects" not in wf.attributes
+    assert_exact(wf)
+    assert len(requests) == 1

@@ -8,23 +8,10 @@ import ssl
 import aiohttp
 
 from ..timeline import Recorder
+from ._state import open_stage
 from .http2 import HTTP2Refused, HTTP2SettleTimeout
 
 __all__ = ["classify"]
-
-
-def _open_stage(recorder: Recorder) -> str:
-    for stage in ("dns", "connect", "tls", "send", "pool_wait"):
-        if recorder.is_open(stage):
-            return stage
-    if recorder.headers_ns is None:
-        return "wait" if recorder.has("send") else "connection setup"
-    return "the response body"
-
-
-def closed_message(recorder: Recorder) -> str:
-    """Why a request its Client's close ended failed, and where it was."""
-    return f"the Client was closed while the request was in flight (during {_open_stage(recorder)})"
 
 
 def _handshake_failure(exc: aiohttp.ClientConnectorError) -> str:
@@ -62,7 +49,7 @@ def classify(exc: BaseException, recorder: Recorder, timeout: float | None) -> t
     if isinstance(exc, aiohttp.ClientConnectorError):
         return "connect", str(exc)
     if isinstance(exc, asyncio.TimeoutError):
-        where = _open_stage(recorder)
+        where = open_stage(recorder)
         return "timeout", f"no complete response within {timeout} s (timed out during {where})"
     if isinstance(exc, aiohttp.ServerDisconnectedError) and recorder.headers_ns is None:
         return "disconnected", "server closed the connection before sending response headers"

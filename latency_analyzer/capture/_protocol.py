@@ -266,6 +266,21 @@ class TimedProtocol(ResponseHandler):
             payload.set_exception(cut, exc)
         super().connection_lost(exc)
 
+    def close(self) -> None:
+        self._cut_body("the connection was closed before the body ended")
+        super().close()
+
+    def abort(self) -> None:
+        self._cut_body("the connection was aborted before the body ended")
+        super().abort()
+
+    def _cut_body(self, why: str) -> None:
+        # aiohttp forgets the payload as it closes the transport, before connection_lost could
+        # fail it: a reader still waiting for the body (a Client closed mid-body) would wait on
+        payload = self._payload
+        if payload is not None and not payload.is_eof() and payload.exception() is None:
+            payload.set_exception(ClientPayloadError(why))
+
     # -- a stream's body, fed to its consumer in the read that brought it --
     def stream_to(self, consumer: ResponseConsumer, payload: StreamReader) -> None:
         """Feed ``consumer`` the body of ``payload`` from now on: what it holds (none of it

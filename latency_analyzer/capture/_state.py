@@ -17,7 +17,7 @@ from .._redact import redact_text
 from ..timeline import AttrValue, Recorder
 from ._hold import Hold
 
-__all__ = ["CURRENT", "RequestState", "TraceHook", "now_ns"]
+__all__ = ["CURRENT", "RequestState", "TraceHook", "now_ns", "open_stage"]
 
 #: Called as ``hook(event, info)`` with events like ``capture.dns.started``.
 TraceHook = Callable[[str, Mapping[str, AttrValue]], None]
@@ -128,6 +128,15 @@ class RequestState:
             t_end = end.pop("end_ns", None)
             self.end(name, t_end if isinstance(t_end, int) else now_ns(), **end)
 
+    def fail_closed(self, t_ns: int) -> None:
+        """The request's Client was closed while it was in flight: where it was, as data."""
+        where = open_stage(self.recorder)
+        self.fail(
+            "closed",
+            f"the Client was closed while the request was in flight (during {where})",
+            t_ns,
+        )
+
     def fail(self, kind: str, message: str, t_ns: int, *, terminal: bool = True) -> None:
         if self.hold is not None and t_ns < self.hold.at_ns:
             t_ns = self.hold.at_ns
@@ -139,3 +148,13 @@ class RequestState:
             for stage in open_stages:
                 self.trace(f"capture.{stage}.failed", {"t_ns": t_ns, "error": message})
             self.trace("capture.request.failed", {"t_ns": t_ns, "kind": kind, "error": message})
+
+
+def open_stage(recorder: Recorder) -> str:
+    """The stage a request that stopped now was in, in words."""
+    for stage in ("dns", "connect", "tls", "send", "pool_wait"):
+        if recorder.is_open(stage):
+            return stage
+    if recorder.headers_ns is None:
+        return "wait" if recorder.has("send") else "connection setup"
+    return "the response body"

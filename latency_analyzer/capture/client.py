@@ -21,7 +21,7 @@ from .._redact import redact_url, remember_request
 from ..errors import UsageError
 from ..timeline import Recorder, Waterfall
 from ._build import _is_http_url, _tls_context, _too_many_redirects
-from ._errors import classify, closed_message
+from ._errors import classify
 from ._hold import Hold, SendSchedule
 from ._redirect import Hop, next_hop, with_chain
 from ._state import CURRENT, RequestState, TraceHook, now_ns
@@ -192,7 +192,12 @@ class Client(ClientTransport):
             hop, timeout, intended_start_ns, start, on_cancel, answer, hold
         )
         before: list[Waterfall] = []
-        while self.follow_redirects and (nxt := next_hop(hop, wf.status, location)) is not None:
+        # a hop that failed (its body cut, the client closed) is where the request ended
+        while (
+            self.follow_redirects
+            and wf.error_type is None
+            and (nxt := next_hop(hop, wf.status, location)) is not None
+        ):
             before.append(wf)
             if len(before) > self.max_redirects:
                 wf = _too_many_redirects(wf, self.max_redirects)
@@ -239,16 +244,15 @@ class Client(ClientTransport):
                     state.fail("cancelled", "cancelled before the response ended", now_ns())
                 raise
             # a wait our close cancelled (a pool slot, the request's instant), not this task
-            state.fail("closed", closed_message(state.recorder), now_ns())
+            state.fail_closed(now_ns())
         except Exception as exc:  # every network failure becomes data on the waterfall
             failed_at = now_ns()
             if state.protocol is not None and not state.protocol.backlog:
                 state.protocol.close_send()  # all bytes had left: the request was sent
             if state.client_closed:  # what broke it was our close, whatever it looked like
-                kind, message = "closed", closed_message(state.recorder)
+                state.fail_closed(failed_at)
             else:
-                kind, message = classify(exc, state.recorder, limit)
-            state.fail(kind, message, failed_at)
+                state.fail(*classify(exc, state.recorder, limit), failed_at)
         finally:
             CURRENT.reset(token)
             self._in_flight.discard(state)

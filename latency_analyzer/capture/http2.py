@@ -204,9 +204,13 @@ class H2Connection(H2Streams):
             self._settings.exception()  # retrieved here: nobody may be waiting yet
         for stream in list(self._streams.values()):
             if not stream.ended:
-                got_headers = stream.state.recorder.headers_ns is not None
-                stream_kind = kind or ("reset" if got_headers else "disconnected")
-                stream.state.fail(stream_kind, f"HTTP/2 {reason}", t)
+                state = stream.state
+                if state.client_closed:  # our Client's close ended the connection
+                    state.fail_closed(t)
+                else:
+                    got_headers = state.recorder.headers_ns is not None
+                    stream_kind = kind or ("reset" if got_headers else "disconnected")
+                    state.fail(stream_kind, f"HTTP/2 {reason}", t)
                 stream.finish()
         self._wake_windows()
         for waiter in self._slot_waiters:
