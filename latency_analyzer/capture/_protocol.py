@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import weakref
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -31,7 +32,13 @@ _connection_ids = itertools.count(1)
 
 
 class _TimedTransport:
-    """Delegates to the real transport; notes when request bytes are written."""
+    """Delegates to the real transport; notes when request bytes are written.
+
+    It refers to its protocol weakly: the protocol holds it as its ``transport``, and a strong
+    reference back would make every closed connection a reference cycle, left with all it
+    refers to (its last request's state, recorder and stamps) for the cyclic garbage
+    collector, whose pass then lands in the middle of a later request.
+    """
 
     __slots__ = (
         "_proto",
@@ -44,7 +51,7 @@ class _TimedTransport:
 
     def __init__(self, transport: asyncio.Transport, proto: TimedProtocol) -> None:
         self._transport = transport
-        self._proto = proto
+        self._proto: Callable[[], TimedProtocol | None] = weakref.ref(proto)
         # aiohttp calls these on every read or release: the transport's own bound methods,
         # so a call costs no frame of ours (nor a __getattr__ lookup)
         self.is_closing: Callable[[], bool] = transport.is_closing
@@ -53,13 +60,17 @@ class _TimedTransport:
         self.get_extra_info: Callable[..., Any] = transport.get_extra_info
 
     def write(self, data: Any) -> None:
-        hold = self._proto.hold
+        proto = self._proto()
+        if proto is None:  # nobody reads what this connection would answer
+            self._transport.write(data)
+            return
+        hold = proto.hold
         if hold is not None and not hold.released:  # prepared ahead: leaves at its instant
             hold.add(self, data)
             return
         before = now_ns()
         self._transport.write(data)
-        self._proto.after_write(before, self._transport.get_write_buffer_size())
+        proto.after_write(before, self._transport.get_write_buffer_size())
 
     # a request held until its instant (:mod:`._hold`): sent, then noted once all have left
     def send_held(self, data: bytes) -> int | None:
@@ -70,16 +81,22 @@ class _TimedTransport:
         return before
 
     def settle_held(self, before_ns: int) -> None:
-        self._proto.after_write(before_ns, self._transport.get_write_buffer_size())
+        proto = self._proto()
+        if proto is not None:
+            proto.after_write(before_ns, self._transport.get_write_buffer_size())
 
     def writelines(self, chunks: Any) -> None:
-        hold = self._proto.hold
+        proto = self._proto()
+        if proto is None:
+            self._transport.writelines(chunks)
+            return
+        hold = proto.hold
         if hold is not None and not hold.released:
             hold.add(self, b"".join(chunks))
             return
         before = now_ns()
         self._transport.writelines(chunks)
-        self._proto.after_write(before, self._transport.get_write_buffer_size())
+        proto.after_write(before, self._transport.get_write_buffer_size())
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
@@ -149,9 +166,7 @@ class TimedProtocol(ResponseHandler):
             super().data_received(data)
         self.last_write_ns = 0
         self.backlog = False
-        self._marks = []
-        self._marked_payload = None
-        self._sink = self._sink_payload = None
+        self._forget_response()
         wire = self.wire
         if wire is not None:
             wire.first_send_ns = None  # WireStamps.mark_request, inline: every request
@@ -162,6 +177,14 @@ class TimedProtocol(ResponseHandler):
             hold.drop()
         self.state = None
         self.requests_served += 1
+        # the response was read: its payload refers back to this protocol, and a connection
+        # closed after it would otherwise leave the two as a cycle for the collector
+        self._forget_response()
+
+    def _forget_response(self) -> None:
+        self._marks = []
+        self._marked_payload = None
+        self._sink = self._sink_payload = None
 
     def tcp_info(self) -> TcpInfo | None:
         """A ``TCP_INFO`` reading of the connection now (None once it is closed, or once

@@ -193,6 +193,11 @@ class H2Connection(H2Streams):
         self._lose(reason, now_ns())
         if not self.closed.done():
             self.closed.set_result(None)
+        # h2's state machine keeps a table of its own bound methods, a cycle holding all its
+        # state; nothing is read after the connection is lost, so the table goes, and the
+        # machine is freed when the last reference goes instead of in a collector's pass
+        # during a later request
+        vars(self._h2).pop("_frame_dispatch_table", None)
 
     def _lose(
         self, reason: str, t: int, error: Exception | None = None, kind: str | None = None
