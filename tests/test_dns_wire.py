@@ -281,3 +281,20 @@ def _udp_and_tcp_on_one_port() -> tuple[socket.socket, socket.socket]:
         except OSError:
             udp.close()
     raise OSError("no port free for both UDP and TCP")
+
+
+def test_dnspython_is_warmed_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What dnspython loads lazily is loaded by the first resolver; a Client made per request
+    does not pay for it again."""
+    DnsResolver("127.0.0.1:53")
+    made: list[str] = []
+    real = dns.message.make_query
+
+    def counted(*args: object, **kwargs: object) -> dns.message.QueryMessage:
+        made.append(str(args[0]))
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(dns.message, "make_query", counted)
+    for _ in range(3):
+        DnsResolver("127.0.0.1:53")
+    assert made == []
