@@ -9,7 +9,14 @@ way) in its own process in front of nginx. Each round, alternately:
   connections) joined with ``--next``; the second's ``time_total`` counts (a fresh curl spends
   ~1.5 ms of one-time TLS set-up inside its first handshake).
 
-Reported: medians of both, the median of the paired differences (ours − curl, same round), the
+* floors, in this process, again the second of two new connections each: the least an asyncio
+  HTTP/2 client can do (``asyncio.open_connection`` with TLS, ALPN h2, one write of a request
+  encoded before the clock starts, reads fed to h2 until the stream ends), and the same over a
+  blocking ``SSLSocket``, which wakes straight into OpenSSL with no event loop between. No
+  waterfall, no stamps, no pool: what asyncio, Python's ssl module and h2 cost here.
+
+Reported: medians of all three, the medians of the paired differences (ours − curl, ours −
+floor, floor − curl for each floor, same round: the headline and the part of it that is ours), the
 phases curl reports beside ours (connected, TLS done, first byte), and, with tcpdump (root),
 what the wire shows of each side's second connection: SYN → ClientHello, the server's flight →
 the client's next segment (its Finished; ours carries the HEADERS too), SYN → the response's last
@@ -23,11 +30,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
 import shutil
 import socket
+import ssl
 import statistics
 import subprocess
 import sys
@@ -38,12 +47,18 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import h2.config
+import h2.connection
+import h2.events
+
 import latency_analyzer as la
 from latency_analyzer.testing import LLMServer, TestCA
 from latency_analyzer.testing._priority import realtime
 from latency_analyzer.testing.pcap import Flow, PacketCapture, tcpdump_missing
 
 ONE_WAY = 0.005
+# each round's flows in the capture, in the order the round dials them: the second of each pair
+_FLOWS = {"ours": 1, "floor_asyncio": 3, "floor_blocking": 5, "curl": 7}
 TARGET_MS = 0.5
 _PROXY = """
 import asyncio, sys
@@ -108,6 +123,68 @@ async def _ours(url: str, ctx: Any, connections: int) -> list[la.Waterfall]:
     return out
 
 
+def _encoded(port: int) -> tuple[h2.connection.H2Connection, bytes]:
+    """A client's h2 state and its first flight (preface, SETTINGS, one GET), built ahead."""
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(header_encoding=None))
+    conn.initiate_connection()
+    authority = f"127.0.0.1:{port}".encode()
+    head = [(b":method", b"GET"), (b":scheme", b"https"), (b":authority", authority)]
+    conn.send_headers(1, [*head, (b":path", b"/health")], end_stream=True)
+    return conn, conn.data_to_send()
+
+
+def _ended(conn: h2.connection.H2Connection, data: bytes) -> bool:
+    if not data:
+        raise RuntimeError("the server closed before the floor's stream ended")
+    return any(isinstance(e, h2.events.StreamEnded) for e in conn.receive_data(data))
+
+
+def _check_alpn(sslobj: ssl.SSLObject | ssl.SSLSocket) -> None:
+    if sslobj.selected_alpn_protocol() != "h2":
+        raise RuntimeError("the floor's connection did not negotiate h2")
+
+
+async def _floor_asyncio(port: int, ctx: ssl.SSLContext) -> float:
+    """One cold GET over a bare asyncio TLS stream (µs from the call to the stream's end)."""
+    conn, request = _encoded(port)
+    t0 = time.perf_counter_ns()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=ctx)
+    writer.write(request)
+    try:
+        while not _ended(conn, await reader.read(65536)):
+            pass
+        elapsed = time.perf_counter_ns() - t0
+        _check_alpn(writer.get_extra_info("ssl_object"))
+    finally:
+        writer.close()
+    return elapsed / 1e3
+
+
+def _floor_blocking(port: int, ctx: ssl.SSLContext) -> float:
+    """The same over a blocking ``SSLSocket``: no event loop between a wake and OpenSSL."""
+    conn, request = _encoded(port)
+    t0 = time.perf_counter_ns()
+    raw = socket.create_connection(("127.0.0.1", port), timeout=5)
+    raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as asyncio sets it
+    with ctx.wrap_socket(raw, server_hostname="127.0.0.1") as sock:
+        sock.sendall(request)
+        while not _ended(conn, sock.recv(65536)):
+            pass
+        elapsed = time.perf_counter_ns() - t0
+        _check_alpn(sock)
+    return elapsed / 1e3
+
+
+async def _floors(port: int, ctx: ssl.SSLContext, connections: int) -> dict[str, float]:
+    """Each floor's ``connections``-th new connection in a row (µs)."""
+    out = {}
+    for _ in range(connections):
+        out["asyncio"] = await _floor_asyncio(port, ctx)
+    for _ in range(connections):  # blocks the loop: nothing else runs in it meanwhile
+        out["blocking"] = _floor_blocking(port, ctx)
+    return out
+
+
 def _curl(port: int, cafile: Path, pre: Callable[[], Any] | None) -> list[float]:
     """curl's phases (µs) of its second connection: connected, TLS done, first byte, total."""
     one = ["--http2", "-s", "--cacert", str(cafile), "-w", _CURL_FORMAT, "-o", "/dev/null"]
@@ -168,23 +245,25 @@ def run(rounds: int, rt: bool) -> dict[str, Any]:
             assert proxy.stdout is not None
             port = int(proxy.stdout.readline())
             ctx = ca.client_context()
+            floor_ctx = ca.client_context()
+            floor_ctx.set_alpn_protocols(["h2"])
             url = f"https://127.0.0.1:{port}/health"
             loop = asyncio.new_event_loop()
             loop.run_until_complete(_ours(url, ctx, 2))  # warm this process, as curl's first
+            loop.run_until_complete(_floors(port, floor_ctx, 2))
             ours: list[list[float]] = []
             curl: list[list[float]] = []
-            wire: dict[str, list[dict[str, float]]] = {"ours": [], "curl": []}
+            floors: list[dict[str, float]] = []
+            wire: dict[str, list[dict[str, float]]] = {k: [] for k in _FLOWS}
             for _ in range(rounds):
-                if capture:
-                    with PacketCapture(port) as cap:
-                        wf = loop.run_until_complete(_ours(url, ctx, 2))[1]
-                        curl.append(_curl(port, cafile, pre))
-                    flows = cap.flows()
-                    wire["ours"].append(_wire(flows[1]))
-                    wire["curl"].append(_wire(flows[3]))
-                else:
+                with PacketCapture(port) if capture else contextlib.nullcontext() as cap:
                     wf = loop.run_until_complete(_ours(url, ctx, 2))[1]
+                    floors.append(loop.run_until_complete(_floors(port, floor_ctx, 2)))
                     curl.append(_curl(port, cafile, pre))
+                if cap is not None:
+                    flows = cap.flows()
+                    for who, k in _FLOWS.items():
+                        wire[who].append(_wire(flows[k]))
                 if not (wf.ok and wf.http_version == "2"):
                     raise RuntimeError(f"our request failed: {wf.error}")
                 ours.append(_phases(wf))
@@ -207,6 +286,19 @@ def run(rounds: int, rt: bool) -> dict[str, Any]:
         for k, name in enumerate(names)
     }
     diff_ms = phases["total"]["paired_diff_median_us"] / 1e3
+    totals = [o[3] for o in ours]
+    floor_s: dict[str, dict[str, float]] = {}
+    for kind in ("asyncio", "blocking"):
+        fl = [f[kind] for f in floors]
+        floor_s[kind] = {
+            "total_us": statistics.median(fl),
+            "ours_minus_floor_ms": statistics.median(o - f for o, f in zip(totals, fl, strict=True))
+            / 1e3,
+            "floor_minus_curl_ms": statistics.median(
+                f - c[3] for f, c in zip(fl, curl, strict=True)
+            )
+            / 1e3,
+        }
     return {
         "rounds": rounds,
         "one_way_delay_s": ONE_WAY,
@@ -216,6 +308,7 @@ def run(rounds: int, rt: bool) -> dict[str, Any]:
         "e2e_minus_curl_total_ms": diff_ms,
         "target_ms": TARGET_MS,
         "target_met": abs(diff_ms) <= TARGET_MS,
+        "floor": floor_s,
         "wire": {who: _median_of(rows) for who, rows in wire.items()} if capture else None,
         "wire_skipped": None if capture else tcpdump_missing(),
     }
@@ -251,6 +344,11 @@ def main() -> None:
         )
     for who, w in (result["wire"] or {}).items():
         print(who, {k: round(v) for k, v in w.items()})
+    for kind, fl in result["floor"].items():
+        print(
+            f"{kind} floor {fl['total_us']:.0f} us: ours - floor {fl['ours_minus_floor_ms']:+.2f} "
+            f"ms, floor - curl {fl['floor_minus_curl_ms']:+.2f} ms"
+        )
     print(
         f"e2e - curl time_total: {result['e2e_minus_curl_total_ms']:+.2f} ms "
         f"(target within {TARGET_MS} ms) -> {args.out}"
