@@ -12,8 +12,10 @@ way) in its own process in front of nginx. Each round, alternately:
 * floors, in this process, again the second of two new connections each: the least an asyncio
   HTTP/2 client can do (``asyncio.open_connection`` with TLS, ALPN h2, one write of a request
   encoded before the clock starts, reads fed to h2 until the stream ends), and the same over a
-  blocking ``SSLSocket``, which wakes straight into OpenSSL with no event loop between. No
-  waterfall, no stamps, no pool: what asyncio, Python's ssl module and h2 cost here.
+  blocking ``SSLSocket``, which wakes straight into OpenSSL with no event loop between, and a
+  worker thread that connects, handshakes and sends with blocking calls before the loop reads
+  the response. No waterfall, no stamps, no pool: what asyncio, Python's ssl module and h2
+  cost here, and what a dial that handshakes outside the loop could reach.
 
 Reported: medians of all three, the medians of the paired differences (ours − curl, ours −
 floor, floor − curl for each floor, same round: the headline and the part of it that is ours), the
@@ -58,7 +60,7 @@ from latency_analyzer.testing.pcap import Flow, PacketCapture, tcpdump_missing
 
 ONE_WAY = 0.005
 # each round's flows in the capture, in the order the round dials them: the second of each pair
-_FLOWS = {"ours": 1, "floor_asyncio": 3, "floor_blocking": 5, "curl": 7}
+_FLOWS = {"ours": 1, "floor_asyncio": 3, "floor_blocking": 5, "floor_thread": 7, "curl": 9}
 TARGET_MS = 0.5
 _PROXY = """
 import asyncio, sys
@@ -175,6 +177,76 @@ def _floor_blocking(port: int, ctx: ssl.SSLContext) -> float:
     return elapsed / 1e3
 
 
+def _handshake_and_send(port: int, ctx: ssl.SSLContext, request: bytes) -> _TlsOnSocket:
+    """Connect, handshake and send ``request`` with blocking socket calls (in a worker thread),
+    then hand over the socket, non-blocking, with the TLS state in memory."""
+    raw = socket.create_connection(("127.0.0.1", port), timeout=5)
+    raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    tls = _TlsOnSocket(raw, ctx)
+    while True:
+        try:
+            tls.obj.do_handshake()
+            break
+        except ssl.SSLWantReadError:
+            tls.flush()
+            data = raw.recv(65536)
+            if not data:
+                raise RuntimeError("the server closed during the floor's handshake") from None
+            tls.incoming.write(data)
+    tls.obj.write(request)
+    tls.flush()  # the client's Finished and the request in one send
+    raw.setblocking(False)
+    return tls
+
+
+class _TlsOnSocket:
+    """A socket and the TLS state driven over it in memory (SSLObject and its two BIOs)."""
+
+    def __init__(self, raw: socket.socket, ctx: ssl.SSLContext) -> None:
+        self.raw, self.incoming, self.outgoing = raw, ssl.MemoryBIO(), ssl.MemoryBIO()
+        self.obj = ctx.wrap_bio(self.incoming, self.outgoing, server_hostname="127.0.0.1")
+
+    def flush(self) -> None:
+        if self.outgoing.pending:
+            self.raw.sendall(self.outgoing.read())
+
+    def read_plain(self) -> bytes:
+        data = self.raw.recv(65536)
+        if not data:
+            raise RuntimeError("the server closed before the floor's stream ended")
+        self.incoming.write(data)
+        plain = b""
+        with contextlib.suppress(ssl.SSLWantReadError):
+            while chunk := self.obj.read(65536):
+                plain += chunk
+        return plain
+
+
+async def _floor_thread(port: int, ctx: ssl.SSLContext) -> float:
+    """A dial whose connect, handshake and request send run in a worker thread (blocking), its
+    response read by the event loop: the blocking floor's wake path where it counts, and the
+    loop's I/O after."""
+    conn, request = _encoded(port)
+    loop = asyncio.get_running_loop()
+    t0 = time.perf_counter_ns()
+    tls = await loop.run_in_executor(None, _handshake_and_send, port, ctx, request)
+    done: asyncio.Future[int] = loop.create_future()
+
+    def readable() -> None:
+        plain = tls.read_plain()
+        if plain and any(isinstance(e, h2.events.StreamEnded) for e in conn.receive_data(plain)):
+            done.set_result(time.perf_counter_ns())
+
+    loop.add_reader(tls.raw.fileno(), readable)
+    try:
+        elapsed = await done - t0
+    finally:
+        loop.remove_reader(tls.raw.fileno())
+        tls.raw.close()
+    _check_alpn(tls.obj)
+    return elapsed / 1e3
+
+
 async def _floors(port: int, ctx: ssl.SSLContext, connections: int) -> dict[str, float]:
     """Each floor's ``connections``-th new connection in a row (µs)."""
     out = {}
@@ -182,6 +254,8 @@ async def _floors(port: int, ctx: ssl.SSLContext, connections: int) -> dict[str,
         out["asyncio"] = await _floor_asyncio(port, ctx)
     for _ in range(connections):  # blocks the loop: nothing else runs in it meanwhile
         out["blocking"] = _floor_blocking(port, ctx)
+    for _ in range(connections):
+        out["thread"] = await _floor_thread(port, ctx)
     return out
 
 
@@ -288,7 +362,7 @@ def run(rounds: int, rt: bool) -> dict[str, Any]:
     diff_ms = phases["total"]["paired_diff_median_us"] / 1e3
     totals = [o[3] for o in ours]
     floor_s: dict[str, dict[str, float]] = {}
-    for kind in ("asyncio", "blocking"):
+    for kind in ("asyncio", "blocking", "thread"):
         fl = [f[kind] for f in floors]
         floor_s[kind] = {
             "total_us": statistics.median(fl),
