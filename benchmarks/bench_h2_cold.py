@@ -17,7 +17,7 @@ way) in its own process in front of nginx. Each round, alternately:
   the response. No waterfall, no stamps, no pool: what asyncio, Python's ssl module and h2
   cost here, and what a dial that handshakes outside the loop could reach.
 
-Reported: medians of all three, the medians of the paired differences (ours − curl, ours −
+Reported: medians of each, the medians of the paired differences (ours − curl, ours −
 floor, floor − curl for each floor, same round: the headline and the part of it that is ours), the
 phases curl reports beside ours (connected, TLS done, first byte), and, with tcpdump (root),
 what the wire shows of each side's second connection: SYN → ClientHello, the server's flight →
@@ -233,8 +233,18 @@ async def _floor_thread(port: int, ctx: ssl.SSLContext) -> float:
     done: asyncio.Future[int] = loop.create_future()
 
     def readable() -> None:
-        plain = tls.read_plain()
-        if plain and any(isinstance(e, h2.events.StreamEnded) for e in conn.receive_data(plain)):
+        try:
+            plain = tls.read_plain()
+            ended = plain and any(
+                isinstance(e, h2.events.StreamEnded) for e in conn.receive_data(plain)
+            )
+        except BlockingIOError:  # woken with nothing to read
+            return
+        except Exception as exc:  # the floor fails rather than waiting for ever
+            if not done.done():
+                done.set_exception(exc)
+            return
+        if ended and not done.done():
             done.set_result(time.perf_counter_ns())
 
     loop.add_reader(tls.raw.fileno(), readable)
