@@ -238,6 +238,32 @@ async def test_slow_header_connections_are_capped_and_timed_out() -> None:
                 sock.close()
 
 
+async def test_a_replaced_connection_stops_counting_when_the_new_one_is_admitted() -> None:
+    """The cap holds at every instant, not only once the replaced connection's loss has run:
+    a reader in another thread saw 21 connections under a cap of 20 for that one iteration."""
+    receiver = OTLPHttpReceiver(SpanStore(), max_connections=2, header_timeout=5.0)
+    seen: list[int] = []
+    admit = receiver._admit
+
+    def counted(guard: Any, transport: asyncio.BaseTransport) -> bool:
+        admitted = admit(guard, transport)
+        seen.append(receiver.connections)  # in the same callback, before the loop turns
+        return admitted
+
+    receiver._admit = counted  # type: ignore[method-assign]
+    with receiver.run_in_thread():
+        slow = [_slow_client(receiver.port) for _ in range(5)]
+        try:
+            deadline = time.monotonic() + 5
+            while receiver.refused < 3 and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            assert receiver.refused == 3 and len(seen) == 5
+            assert max(seen) == 2, seen
+        finally:
+            for sock in slow:
+                sock.close()
+
+
 async def test_a_body_that_never_arrives_gets_408() -> None:
     receiver = OTLPHttpReceiver(SpanStore(), body_timeout=0.5)
     with receiver.run_in_thread():

@@ -337,6 +337,9 @@ class _Guard(asyncio.Protocol):
     def close(self) -> None:
         self.owner._waiting.pop(self, None)
         if self.transport is not None and not self.transport.is_closing():
+            # it stops counting now, not when its loss runs a loop turn later: the cap holds
+            # at every instant, also while the connection that replaces it is admitted
+            self.owner._guards.pop(self.transport, None)
             self.transport.close()
 
     def eof_received(self) -> bool | None:
