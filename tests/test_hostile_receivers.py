@@ -9,6 +9,7 @@ bounded by client timeouts of a few seconds.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import io
 import socket
@@ -211,6 +212,24 @@ def _slow_client(port: int) -> socket.socket:
     return sock
 
 
+@contextlib.contextmanager
+def _slow_clients(receiver: OTLPHttpReceiver, n: int) -> Iterator[list[socket.socket]]:
+    """``n`` connections that never finish their headers, closed on the way out."""
+    slow = [_slow_client(receiver.port) for _ in range(n)]
+    try:
+        yield slow
+    finally:
+        for sock in slow:
+            sock.close()
+
+
+async def _refused(receiver: OTLPHttpReceiver, count: int) -> None:
+    """Wait (5 s at most) until the receiver has refused ``count`` connections."""
+    deadline = time.monotonic() + 5
+    while receiver.refused < count and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+
+
 def _closed_by_peer(sock: socket.socket) -> bool:
     try:
         return sock.recv(1) == b""
@@ -220,22 +239,15 @@ def _closed_by_peer(sock: socket.socket) -> bool:
 
 async def test_slow_header_connections_are_capped_and_timed_out() -> None:
     receiver = OTLPHttpReceiver(SpanStore(), max_connections=20, header_timeout=1.0)
-    with receiver.run_in_thread():
-        slow = [_slow_client(receiver.port) for _ in range(60)]
-        try:
-            deadline = time.monotonic() + 5
-            while receiver.refused < 40 and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
-            assert receiver.connections <= 20 and receiver.refused == 40
-            # a new exporter still gets in (it replaces the oldest slow connection)
-            assert await _post(receiver.endpoint, VALID) == (200, "")
-            for sock in slow:  # every slow one is closed: by the cap or the header clock
-                sock.settimeout(5)
-                assert _closed_by_peer(sock)
-            assert receiver.timed_out >= 1 and receiver.connections == 0
-        finally:
-            for sock in slow:
-                sock.close()
+    with receiver.run_in_thread(), _slow_clients(receiver, 60) as slow:
+        await _refused(receiver, 40)
+        assert receiver.connections <= 20 and receiver.refused == 40
+        # a new exporter still gets in (it replaces the oldest slow connection)
+        assert await _post(receiver.endpoint, VALID) == (200, "")
+        for sock in slow:  # every slow one is closed: by the cap or the header clock
+            sock.settimeout(5)
+            assert _closed_by_peer(sock)
+        assert receiver.timed_out >= 1 and receiver.connections == 0
 
 
 async def test_a_replaced_connection_stops_counting_when_the_new_one_is_admitted() -> None:
@@ -251,17 +263,10 @@ async def test_a_replaced_connection_stops_counting_when_the_new_one_is_admitted
         return admitted
 
     receiver._admit = counted  # type: ignore[method-assign]
-    with receiver.run_in_thread():
-        slow = [_slow_client(receiver.port) for _ in range(5)]
-        try:
-            deadline = time.monotonic() + 5
-            while receiver.refused < 3 and time.monotonic() < deadline:
-                await asyncio.sleep(0.02)
-            assert receiver.refused == 3 and len(seen) == 5
-            assert max(seen) == 2, seen
-        finally:
-            for sock in slow:
-                sock.close()
+    with receiver.run_in_thread(), _slow_clients(receiver, 5):
+        await _refused(receiver, 3)
+        assert receiver.refused == 3 and len(seen) == 5
+        assert max(seen) == 2, seen
 
 
 async def test_a_body_that_never_arrives_gets_408() -> None:
