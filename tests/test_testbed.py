@@ -20,6 +20,7 @@ from typing import Any
 import aiohttp
 import dns.asyncresolver
 import dns.exception
+import dns.message
 import dns.resolver
 import pytest
 from wire_bounds import ANCHOR_NS, LOOPBACK_NS, Steal, hold_each
@@ -464,6 +465,35 @@ async def test_dns_delay_is_recovered_within_1_ms() -> None:
     hold_each(
         "answer after the query - 20 ms", [a - 20 * MS for a in answered], TOLERANCE_NS, steal
     )
+
+
+async def test_dns_log_stamps_each_answer_before_it_leaves() -> None:
+    """The log bounds the lookup from inside: a server paused right after its write (5 ms
+    here, as a host stall would) still logs an instant before the client had the answer."""
+    async with DNSServer(delay=0.0) as server:
+        assert server._udp is not None
+        udp, sendto = server._udp, server._udp.sendto
+
+        def send_then_stall(data: bytes, addr: Any = None) -> None:
+            sendto(data, addr)
+            time.sleep(0.005)  # the server's loop stops; the datagram is already out
+
+        udp.sendto = send_then_stall  # type: ignore[method-assign]
+
+        def ask() -> int:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+                sock.settimeout(5)
+                query = dns.message.make_query("x.test.", "A").to_wire()
+                sock.sendto(query, ("127.0.0.1", server.port))
+                sock.recv(4096)
+                return time.perf_counter_ns()
+
+        got = [await asyncio.to_thread(ask) for _ in range(3)]
+    answered = [q.answered_ns for q in server.log]
+    assert len(answered) == 3 and all(a is not None for a in answered)
+    assert all(a is not None and a <= g for a, g in zip(answered, got, strict=True)), [
+        g - a for a, g in zip(answered, got, strict=True) if a is not None
+    ]
 
 
 async def test_dns_nxdomain_and_drop() -> None:

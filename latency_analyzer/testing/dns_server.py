@@ -36,7 +36,7 @@ class DNSQuery:
         rdtype: record type, e.g. ``"A"``, ``"AAAA"``.
         transport: ``"udp"`` or ``"tcp"``.
         received_ns: query datagram (or TCP message) received.
-        answered_ns: answer written, or None if dropped.
+        answered_ns: just before the answer was written, or None if dropped.
     """
 
     name: str
@@ -160,8 +160,8 @@ class DNSServer(Service):
     async def _answer_udp(self, data: bytes, addr: Any, received_ns: int) -> None:
         index, answer = await self._answer(data, "udp", received_ns)
         if answer is not None and self._udp is not None:
-            self._udp.sendto(answer, addr)
             self._stamp_answer(index)
+            self._udp.sendto(answer, addr)
 
     async def _serve_tcp(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
@@ -181,8 +181,8 @@ class DNSServer(Service):
             data = await reader.readexactly(size)
             index, answer = await self._answer(data, "tcp", time.perf_counter_ns())
             if answer is not None:
-                writer.write(len(answer).to_bytes(2, "big") + answer)
                 self._stamp_answer(index)
+                writer.write(len(answer).to_bytes(2, "big") + answer)
                 await writer.drain()
 
     async def _answer(
@@ -206,7 +206,9 @@ class DNSServer(Service):
         return index, answer
 
     def _stamp_answer(self, index: int) -> None:
-        """Record that the answer to ``log[index]`` has just been written."""
+        """Record that the answer to ``log[index]`` is being written: stamped just before the
+        write, so that a pause of this process after it cannot put the stamp after the answer
+        reached the client (the log is a lower bound of the lookup on the wire)."""
         self.log[index] = dataclasses.replace(self.log[index], answered_ns=time.perf_counter_ns())
 
     def _response(
