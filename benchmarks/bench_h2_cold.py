@@ -15,7 +15,7 @@ way) in its own process in front of nginx. Each round, alternately:
   blocking ``SSLSocket``, which wakes straight into OpenSSL with no event loop between, and a
   worker thread that connects, handshakes and sends with blocking calls before the loop reads
   the response. No waterfall, no stamps, no pool: what asyncio, Python's ssl module and h2
-  cost here, and what a dial that handshakes outside the loop could reach.
+  cost here; the thread floor is the way our own dial goes (``capture/_tlsthread.py``).
 
 Reported: medians of each, the medians of the paired differences (ours − curl, ours −
 floor, floor − curl for each floor, same round: the headline and the part of it that is ours), the

@@ -80,8 +80,11 @@ class H2Base(asyncio.Protocol):
         return self.closing is None and not self.transport.is_closing()
 
     # -- writing --
-    def _flush(self, stream: H2Stream | None = None) -> None:
+    def _flush(self, stream: H2Stream | None = None, head: bytes = b"") -> None:
+        """Write what the machine queued (after ``head``, bytes encoded earlier)."""
         data = self._h2.data_to_send()
+        if head:
+            data = head + data
         if data and not self.transport.is_closing():
             self.transport.write(data)
             self.backlog = self.transport.get_write_buffer_size() > 0

@@ -120,12 +120,18 @@ class PreparedStart:
     window takes of its body) depend only on the request, so they can be built while the TLS
     handshake's round trip leaves the event loop idle: once ALPN says ``h2`` they are
     encrypted and written at once, which is when a C client would write them.
+
+    A dial whose handshake runs in a worker thread takes the encoded bytes out of the machine
+    (``flight``) for the thread to send with its Finished; ``sent_ns`` is then when that
+    send syscall was entered (0: not sent, ``flight`` is still to be written).
     """
 
-    __slots__ = ("machine", "rest", "stream_id")
+    __slots__ = ("flight", "machine", "rest", "sent_ns", "stream_id")
 
     def __init__(self, machine: h2.connection.H2Connection, stream_id: int, rest: memoryview):
         self.machine, self.stream_id, self.rest = machine, stream_id, rest
+        self.flight = b""
+        self.sent_ns = 0
 
 
 def prepare_first_stream(

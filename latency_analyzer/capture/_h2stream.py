@@ -121,10 +121,13 @@ class H2Streams(H2Base):
         self._streams[stream.stream_id] = stream
         stream.body = prepared.rest
         try:
-            t = now_ns()
+            sent = prepared.sent_ns  # the handshake's thread sent the flight (._tlsthread)
+            t = sent or now_ns()
             self._preface_written(t)
             state.begin("send", t)
-            self._flush(stream)
+            if sent:
+                stream.last_write_ns = sent
+            self._flush(stream, b"" if sent else prepared.flight)
         except BaseException:
             self._drop(stream)
             raise

@@ -1,7 +1,8 @@
 """What TLS settled, and the hand-over of a connection to HTTP/2 when ALPN chose ``h2``.
 
 Two ways over: at ``connection_made`` (:func:`_hand_over_at_once`, the request's first
-flight leaves inside the handshake's last read callback), or once the connection is back in
+flight leaves inside the handshake's last read callback, or has left already with the
+Finished when the handshake ran in a worker thread), or once the connection is back in
 the connector (:func:`_maybe_hand_over`, which also refuses a required ``h2`` the server
 did not choose). Either way the hand-over is left on the request (``RequestState.handoff``)
 for :meth:`~.connector.TimedConnector.dial` to return.

@@ -7,7 +7,8 @@ the first as urllib3, httpcore and Go's net/http have it, the second as curl has
 
 * at checkout, a pooled connection whose socket is readable while idle (the peer's FIN or
   RST, or bytes no request asked for) is closed unused and the next one is taken; the
-  waterfall's ``stale.discarded`` counts them;
+  waterfall's ``stale.discarded`` counts them. Over our own TLS transport the readable
+  bytes are read first: TLS's own records (a session ticket) keep the connection;
 * a request that still fails on a reused connection with a connection error (a FIN or RST,
   not a timeout) before any response byte arrived is sent once more, whatever its method, as
   curl does, on the connection the pool then hands over: another idle one that passes the
@@ -70,13 +71,18 @@ def peer_closed(proto: Any) -> bool:
         return True
     if not hasattr(select, "poll"):
         readable, _, _ = select.select([fd], [], [], 0)
-        return bool(readable)
-    kept = proto.idle_poll
-    if kept is None or kept[0] != fd:
-        poller = select.poll()
-        poller.register(fd, select.POLLIN)
-        proto.idle_poll = kept = (fd, poller)
-    return bool(kept[1].poll(0))
+    else:
+        kept = proto.idle_poll
+        if kept is None or kept[0] != fd:
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            proto.idle_poll = kept = (fd, poller)
+        readable = kept[1].poll(0)
+    if not readable:
+        return False
+    # our TLS transport (._tlstransport) reads it now: a session ticket is no reason to go
+    read_idle = getattr(transport, "read_idle", None)
+    return True if read_idle is None else bool(read_idle())
 
 
 def note_discarded(state: RequestState, count: int) -> None:

@@ -74,8 +74,9 @@ class RequestState:
         # called with the HandoffToHTTP2 inside the handshake's last callback: opens the
         # connection and sends this request on it at once
         self.h2_open: Callable[[Any], None] | None = None
-        # called once the dial is under way: builds what h2_open will send (idle time)
-        self.h2_prepare: Callable[[], None] | None = None
+        # called once the dial is under way: builds what h2_open will send (idle time) and
+        # returns it (a PreparedStart, or None)
+        self.h2_prepare: Callable[[], Any] | None = None
         # the dial's outcome when ALPN chose h2 (a HandoffToHTTP2), for the dialer to return
         self.handoff: Any = None
         # the HTTP/1.1 connection the dialer opened (or took from the pool) for this request:

@@ -347,7 +347,7 @@ class _H2Dial:
         self.request = (method, url, json, data, headers)
         self.prepared: PreparedStart | None = None
 
-    def prepare(self) -> None:
+    def prepare(self) -> PreparedStart | None:
         """Encode the preface and this request's HEADERS ahead (the TLS round trip is idle
         time); a request h2 refuses to encode is left to :meth:`open`, which raises."""
         method, url, json, data, headers = self.request
@@ -356,6 +356,7 @@ class _H2Dial:
             self.prepared = prepare_first_stream(method, _h2_target(url), fields, body)
         except Exception:  # open() builds it again and raises it where it belongs
             self.prepared = None
+        return self.prepared
 
     def open(self, handoff: HandoffToHTTP2) -> None:
         """Pool the new connection and send the request on it."""

@@ -18,9 +18,12 @@ Where each instant comes from:
   before any TLS byte. Without a clean sample (a retransmitted SYN, another OS) the end is
   the userspace instant and ``clock_source`` says ``userspace``.
 * ``tls``: factory call → the kernel's arrival time of the read that completed the handshake
-  (asyncio calls ``connection_made`` inside that read's callback). What we did after that
-  arrival (certificate checks, key schedule, the read lag) is client time: it is the ``tls``
-  attribute ``client_finish_ms`` and falls in ``other``.
+  (asyncio calls ``connection_made`` inside that read's callback). A dial that offers ``h2``
+  runs its handshake in a worker thread instead (:mod:`._tlsthread`: the request's first
+  flight leaves with the Finished, as a C client sends it); the thread's last read is that
+  read, and :class:`~._tlstransport.TlsTransport` carries the session from there. What we did
+  after that arrival (certificate checks, key schedule, the read lag, the thread's hand-back)
+  is client time: it is the ``tls`` attribute ``client_finish_ms`` and falls in ``other``.
 * ``send``: just before the first send syscall that handed the kernel request bytes → just
   before the one that left nothing buffered (write buffer limits high=1/low=0, so
   ``resume_writing`` tells when a backlog drained).
@@ -42,12 +45,21 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections.abc import Callable
 from typing import Any, cast
 
+import aiohappyeyeballs
 from aiohttp import ClientConnectionError, ClientRequest, ClientTimeout, TCPConnector
+from aiohttp.client_exceptions import (
+    ClientConnectorCertificateError,
+    ClientConnectorError,
+    ClientConnectorSSLError,
+    cert_errors,
+    ssl_errors,
+)
 from aiohttp.client_proto import ResponseHandler
 from aiohttp.connector import Connection
-from aiohttp.helpers import is_ip_address
+from aiohttp.helpers import ceil_timeout, is_ip_address
 from aiohttp.tracing import Trace
 from yarl import URL
 
@@ -59,7 +71,10 @@ from ._protocol import TimedProtocol
 from ._stale import note_discarded, peer_closed
 from ._state import CURRENT, RequestState, now_ns
 from ._tcpinfo import tcp_info_of
-from .http2 import HandoffToHTTP2
+from ._tlsthread import handshake_in_thread
+from ._tlstransport import TlsTransport
+from ._wire import StampedSocket
+from .http2 import HandoffToHTTP2, PreparedStart
 from .resolver import DnsResolver
 
 __all__ = ["TimedConnector", "TimedProtocol"]
@@ -70,9 +85,10 @@ _DIAL_REQUESTS_KEPT = 64  # origins whose dial request a connector keeps built
 class TimedConnector(TCPConnector):
     """A TCPConnector whose connection work is recorded on the current request."""
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, *, tls_in_thread: bool = True, **kwargs: Any) -> None:
         kwargs.setdefault("socket_factory", _socket_factory)
         super().__init__(**kwargs)
+        self._tls_in_thread = tls_in_thread
         loop = self._loop
         factory: Any = functools.partial(TimedProtocol, loop)
         self._factory = factory
@@ -169,6 +185,59 @@ class TimedConnector(TCPConnector):
             state.end("pool_wait", now_ns())
         return await super()._create_connection(req, traces, timeout)
 
+    async def _dial_tls_in_thread(
+        self,
+        factory: Callable[[], ResponseHandler],
+        flight: _Flight,
+        *,
+        addr_infos: list[Any],
+        req: ClientRequest,
+        timeout: ClientTimeout,
+        ssl: Any,
+        server_hostname: str | None = None,
+        client_error: type[Exception] = ClientConnectorError,
+        **_: Any,
+    ) -> tuple[asyncio.Transport, ResponseHandler]:
+        """aiohttp's ``_wrap_create_connection`` with the TLS handshake in a worker thread:
+        the same socket dial (happy eyeballs, our socket factory), bound and error mapping;
+        then :func:`~._tlsthread.handshake_in_thread` and a :class:`~._tlstransport.TlsTransport`
+        in place of asyncio's TLS transport."""
+        try:
+            async with ceil_timeout(timeout.sock_connect, ceil_threshold=timeout.ceil_threshold):
+                sock = await aiohappyeyeballs.start_connection(
+                    addr_infos=addr_infos,
+                    local_addr_infos=self._local_addr_infos,
+                    happy_eyeballs_delay=self._happy_eyeballs_delay,
+                    interleave=self._interleave,
+                    loop=self._loop,
+                    socket_factory=self._socket_factory,
+                )
+                if not isinstance(sock, StampedSocket):  # not made by our factory
+                    return await self._loop.create_connection(
+                        factory, ssl=ssl, server_hostname=server_hostname, sock=sock
+                    )
+                try:
+                    proto = factory()  # before the ClientHello, as asyncio calls it
+                except BaseException:
+                    sock.close()
+                    raise
+                bound = timeout.sock_connect or timeout.total
+                done = await handshake_in_thread(sock, ssl, server_hostname, bound, flight.encode)
+                transport = TlsTransport(
+                    self._loop, sock, done.obj, done.incoming, done.outgoing, ssl, done.early
+                )
+                flight.settle(done.flight_sent_ns)
+                transport.start(proto)
+                return transport, proto
+        except cert_errors as exc:
+            raise ClientConnectorCertificateError(req.connection_key, exc) from exc
+        except ssl_errors as exc:
+            raise ClientConnectorSSLError(req.connection_key, exc) from exc
+        except OSError as exc:
+            if exc.errno is None and isinstance(exc, asyncio.TimeoutError):
+                raise
+            raise client_error(req.connection_key, exc) from exc
+
     async def _resolve_host(self, host: str, port: int, traces: Any = None) -> Any:
         state = CURRENT.get()
         if state is None or is_ip_address(host):
@@ -196,6 +265,12 @@ class TimedConnector(TCPConnector):
         tls = bool(kwargs.get("ssl"))
 
         entry = now_ns()
+        # a dial that may become HTTP/2: its handshake runs in a worker thread, and the
+        # request's first flight leaves with the Finished (._tlsthread)
+        threaded: _Flight | None = None
+        if tls and state.h2_prepare is not None and self._tls_in_thread:
+            threaded = _Flight(state.h2_prepare)
+            state.h2_prepare = None
 
         def timed_factory() -> ResponseHandler:
             t = now_ns()
@@ -218,9 +293,14 @@ class TimedConnector(TCPConnector):
             return proto
 
         try:
-            transport, proto = await super()._wrap_create_connection(
-                timed_factory, *rest, req=req, **kwargs
-            )
+            if threaded is not None:
+                transport, proto = await self._dial_tls_in_thread(
+                    timed_factory, threaded, req=req, **kwargs
+                )
+            else:
+                transport, proto = await super()._wrap_create_connection(
+                    timed_factory, *rest, req=req, **kwargs
+                )
         except BaseException:
             if not _seen(state, "connect"):
                 state.begin("connect", entry)  # failed before a socket connected: still shown
@@ -245,3 +325,25 @@ class TimedConnector(TCPConnector):
         cast(TimedProtocol, proto).tcp_connect = state.recorder.tcp_connect = tcp_info_of(transport)
         _maybe_hand_over(state, transport, proto, info, tls)
         return transport, proto
+
+
+class _Flight:
+    """An HTTP/2 dial's first flight: encoded by ``prepare`` (``RequestState.h2_prepare``)
+    while the handshake runs in its thread, and marked sent if the thread sent it."""
+
+    __slots__ = ("prepare", "prepared")
+
+    def __init__(self, prepare: Callable[[], PreparedStart | None]) -> None:
+        self.prepare = prepare
+        self.prepared: PreparedStart | None = None
+
+    def encode(self) -> bytes | None:
+        prepared = self.prepared = self.prepare()
+        if prepared is None:
+            return None
+        prepared.flight = prepared.machine.data_to_send()  # the loop's to write, unless sent
+        return prepared.flight
+
+    def settle(self, sent_ns: int) -> None:
+        if self.prepared is not None and sent_ns:
+            self.prepared.sent_ns = sent_ns

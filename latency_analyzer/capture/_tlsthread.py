@@ -1,0 +1,218 @@
+"""A new connection's TLS handshake, run in a worker thread, and the request that leaves with it.
+
+A handshake driven by the event loop pays, at the moment that counts (the server's flight has
+arrived, the client's Finished and the request are due), for the loop's wake-up, its
+callbacks and asyncio's TLS protocol before OpenSSL even starts; measured beside curl on a
+cold HTTP/2 request through a 10 ms round trip (``benchmarks/bench_h2_cold.py``), that path
+alone was 0.6-0.8 ms behind curl. A thread blocked in ``recvmsg`` wakes straight into OpenSSL.
+
+So :func:`handshake_in_thread` hands a connected socket to a worker thread, which sets the
+session up over it with blocking calls (an ``SSLObject`` over two memory buffers, as asyncio's
+own TLS does) and, when ALPN chose ``h2``, sends the request's first flight (preface, SETTINGS,
+HEADERS) in the same ``send`` as its Finished. The loop encodes that flight meanwhile, once the
+ClientHello has left (:class:`FirstFlight`: the thread takes it if it is there in time, else
+the loop writes it after the hand-back). The thread then gives the socket back, non-blocking,
+for :class:`~._tlstransport.TlsTransport` to carry.
+
+The socket is ours (:class:`~._wire.StampedSocket`): the thread's reads carry the kernel's
+receive stamps and its sends are stamped, as the loop's would be. A cancelled dial (a timeout,
+a closed Client) shuts the socket down, which wakes the thread; the socket is closed once the
+thread let go of it. The thread waits at most ``bound`` seconds for any one socket call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import ssl
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from ._wire import StampedSocket
+
+__all__ = ["FirstFlight", "Handshaken", "handshake_in_thread"]
+
+_READ = 256 * 1024
+_WORKERS = 16  # dials whose handshakes run at once; more wait for a free worker
+_BOUND = 300.0  # seconds any one of the thread's socket calls may block, when no timeout says
+
+
+class FirstFlight:
+    """Request bytes the loop offers the handshaking thread, to leave with the Finished.
+
+    Either the thread takes them (:meth:`take`, which closes the offer whether or not
+    anything was there) or they were offered too late (:meth:`offer` says False) and stay
+    the loop's to write.
+    """
+
+    __slots__ = ("_closed", "_data", "_lock")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._data: bytes | None = None
+        self._closed = False
+
+    def offer(self, data: bytes) -> bool:
+        with self._lock:
+            if self._closed:
+                return False
+            self._data = data
+            return True
+
+    def take(self) -> bytes | None:
+        with self._lock:
+            self._closed = True
+            data, self._data = self._data, None
+            return data
+
+
+class Handshaken:
+    """A session set up by the thread: the ``SSLObject``, its buffers, the plaintext that came
+    with the handshake's last read (``early``), and when the first flight's ``send`` was entered
+    (``flight_sent_ns``; 0 when the thread did not send it)."""
+
+    __slots__ = ("early", "flight_sent_ns", "incoming", "obj", "outgoing")
+
+    def __init__(
+        self,
+        obj: ssl.SSLObject,
+        incoming: ssl.MemoryBIO,
+        outgoing: ssl.MemoryBIO,
+        early: bytes,
+        flight_sent_ns: int,
+    ) -> None:
+        self.obj, self.incoming, self.outgoing = obj, incoming, outgoing
+        self.early, self.flight_sent_ns = early, flight_sent_ns
+
+
+_pool: ThreadPoolExecutor | None = None
+
+
+def _executor() -> ThreadPoolExecutor:
+    global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(_WORKERS, thread_name_prefix="latency-analyzer-tls")
+    return _pool
+
+
+def _forget_pool() -> None:
+    """A forked child has none of its parent's threads: it starts a pool of its own."""
+    global _pool
+    _pool = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
+
+
+async def handshake_in_thread(
+    sock: StampedSocket,
+    context: ssl.SSLContext,
+    server_hostname: str | None,
+    bound: float | None,
+    encode: Callable[[], bytes | None] | None = None,
+) -> Handshaken:
+    """Set up TLS on the connected ``sock`` in a worker thread (see the module's doc).
+
+    ``encode``, when given, is called in the loop once the ClientHello has left; the bytes
+    it returns are sent with the Finished if ALPN chose ``h2`` and they are there in time.
+    On any failure or cancellation the socket is closed (once the thread let go of it).
+    """
+    loop = asyncio.get_running_loop()
+    flight = FirstFlight() if encode is not None else None
+
+    def offer() -> None:
+        assert encode is not None and flight is not None
+        data = encode()
+        if data:
+            flight.offer(data)
+
+    def hello() -> None:  # in the thread: the ClientHello left
+        loop.call_soon_threadsafe(offer)
+
+    job = _executor().submit(
+        _handshake,
+        sock,
+        context,
+        server_hostname,
+        bound or _BOUND,
+        flight,
+        hello if encode is not None else None,
+    )
+    try:
+        return await asyncio.wrap_future(job)
+    except BaseException:
+        if not job.done():  # cancelled while the thread blocks: wake it, close once it let go
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            job.add_done_callback(_closer(sock))
+        else:
+            sock.close()
+        raise
+
+
+def _closer(sock: socket.socket) -> Callable[[Future[Handshaken]], None]:
+    def close(_: Future[Handshaken]) -> None:
+        sock.close()
+
+    return close
+
+
+def _handshake(
+    sock: StampedSocket,
+    context: ssl.SSLContext,
+    server_hostname: str | None,
+    bound: float,
+    flight: FirstFlight | None,
+    hello: Callable[[], None] | None,
+) -> Handshaken:
+    """The worker thread's part: blocking socket calls, each at most ``bound`` seconds."""
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    obj = context.wrap_bio(incoming, outgoing, server_side=False, server_hostname=server_hostname)
+    sock.settimeout(bound)
+    try:
+        while True:
+            try:
+                obj.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                pass
+            if outgoing.pending:
+                _send_all(sock, outgoing.read())
+                if hello is not None:
+                    hello()
+                    hello = None
+            data = sock.recv(_READ)  # stamped: the last one is the handshake's end
+            if not data:
+                raise ConnectionResetError("the server closed the connection in the TLS handshake")
+            incoming.write(data)
+        request = None
+        if flight is not None:
+            request = flight.take()
+            if request is not None and obj.selected_alpn_protocol() == "h2":
+                obj.write(request)
+            else:
+                request = None
+        sent_ns = _send_all(sock, outgoing.read()) if outgoing.pending else 0
+        early: list[bytes] = []  # b"" (a close_notify) is left for the transport to read
+        with contextlib.suppress(ssl.SSLWantReadError, ssl.SSLZeroReturnError):
+            while chunk := obj.read(_READ):
+                early.append(chunk)
+        return Handshaken(obj, incoming, outgoing, b"".join(early), sent_ns if request else 0)
+    finally:
+        sock.setblocking(False)
+
+
+def _send_all(sock: StampedSocket, data: bytes) -> int:
+    """Send all of ``data``; the instant the first ``send`` syscall was entered."""
+    view = memoryview(data)
+    first = 0
+    while view:
+        n = sock.send(view)
+        if not first:
+            first = sock.wire.send_start_ns
+        view = view[n:]
+    return first
