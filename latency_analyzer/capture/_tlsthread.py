@@ -6,13 +6,14 @@ callbacks and asyncio's TLS protocol before OpenSSL even starts; measured beside
 cold HTTP/2 request through a 10 ms round trip (``benchmarks/bench_h2_cold.py``), that path
 alone was 0.6-0.8 ms behind curl. A thread blocked in ``recvmsg`` wakes straight into OpenSSL.
 
-So :func:`handshake_in_thread` hands a connected socket to a worker thread, which sets the
-session up over it with blocking calls (an ``SSLObject`` over two memory buffers, as asyncio's
-own TLS does) and, when ALPN chose ``h2``, sends the request's first flight (preface, SETTINGS,
-HEADERS) in the same ``send`` as its Finished. The loop encodes that flight meanwhile, once the
-ClientHello has left (:class:`FirstFlight`: the thread takes it if it is there in time, else
-the loop writes it after the hand-back). The thread then gives the socket back, non-blocking,
-for :class:`~._tlstransport.TlsTransport` to carry.
+So :func:`handshake_in_thread` sends the ClientHello from the loop (an ``SSLObject`` over two
+memory buffers, as asyncio's own TLS uses) and hands the socket to a worker thread, which
+waits for the server with blocking calls, completes the session and, when ALPN chose ``h2``,
+sends the request's first flight (preface, SETTINGS, HEADERS) in the same ``send`` as its
+Finished. The loop encodes that flight meanwhile, in the round trip (:class:`FirstFlight`: the
+thread takes it if it is there in time, else the loop writes it after the hand-back). The
+thread then gives the socket back, non-blocking, for :class:`~._tlstransport.TlsTransport` to
+carry.
 
 The socket is ours (:class:`~._wire.StampedSocket`): the thread's reads carry the kernel's
 receive stamps and its sends are stamped, as the loop's would be. A cancelled dial (a timeout,
@@ -115,34 +116,34 @@ async def handshake_in_thread(
     bound: float | None,
     encode: Callable[[], bytes | None] | None = None,
 ) -> Handshaken:
-    """Set up TLS on the connected ``sock`` in a worker thread (see the module's doc).
+    """Set up TLS on the connected ``sock``, the wait for the server in a worker thread.
 
-    ``encode``, when given, is called in the loop once the ClientHello has left; the bytes
-    it returns are sent with the Finished if ALPN chose ``h2`` and they are there in time.
-    On any failure or cancellation the socket is closed (once the thread let go of it).
+    The ClientHello is built and sent here, in the loop, so the thread's start-up falls in
+    the round trip it then waits out; ``encode``, when given, is called next (still in that
+    round trip), and the bytes it returns are sent with the Finished if ALPN chose ``h2`` and
+    they are there in time. On any failure or cancellation the socket is closed (once the
+    thread let go of it).
     """
-    loop = asyncio.get_running_loop()
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
     flight = FirstFlight() if encode is not None else None
-
-    def offer() -> None:
-        assert encode is not None and flight is not None
-        data = encode()
-        if data:
-            flight.offer(data)
-
-    def hello() -> None:  # in the thread: the ClientHello left
-        loop.call_soon_threadsafe(offer)
-
+    try:
+        obj = context.wrap_bio(incoming, outgoing, server_hostname=server_hostname)
+        with contextlib.suppress(ssl.SSLWantReadError):
+            obj.do_handshake()  # the ClientHello, into ``outgoing``
+        hello = memoryview(outgoing.read())
+        with contextlib.suppress(BlockingIOError, InterruptedError):
+            hello = hello[sock.send(hello) :]  # a new socket takes it whole: else the thread
+    except BaseException:
+        sock.close()
+        raise
     job = _executor().submit(
-        _handshake,
-        sock,
-        context,
-        server_hostname,
-        bound or _BOUND,
-        flight,
-        hello if encode is not None else None,
+        _handshake, sock, obj, incoming, outgoing, bytes(hello), bound or _BOUND, flight
     )
     try:
+        if encode is not None and flight is not None:
+            data = encode()
+            if data:
+                flight.offer(data)
         return await asyncio.wrap_future(job)
     except BaseException:
         if not job.done():  # cancelled while the thread blocks: wake it, close once it let go
@@ -163,28 +164,27 @@ def _closer(sock: socket.socket) -> Callable[[Future[Handshaken]], None]:
 
 def _handshake(
     sock: StampedSocket,
-    context: ssl.SSLContext,
-    server_hostname: str | None,
+    obj: ssl.SSLObject,
+    incoming: ssl.MemoryBIO,
+    outgoing: ssl.MemoryBIO,
+    unsent: bytes,
     bound: float,
     flight: FirstFlight | None,
-    hello: Callable[[], None] | None,
 ) -> Handshaken:
-    """The worker thread's part: blocking socket calls, each at most ``bound`` seconds."""
-    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
-    obj = context.wrap_bio(incoming, outgoing, server_side=False, server_hostname=server_hostname)
+    """The worker thread's part, from the ClientHello on (``unsent``: what of it the loop's
+    non-blocking send left): blocking socket calls, each at most ``bound`` seconds."""
     sock.settimeout(bound)
     try:
+        if unsent:
+            _send_all(sock, unsent)
         while True:
             try:
                 obj.do_handshake()
                 break
             except ssl.SSLWantReadError:
                 pass
-            if outgoing.pending:
+            if outgoing.pending:  # a HelloRetryRequest's second ClientHello, TLS 1.2's
                 _send_all(sock, outgoing.read())
-                if hello is not None:
-                    hello()
-                    hello = None
             data = sock.recv(_READ)  # stamped: the last one is the handshake's end
             if not data:
                 raise ConnectionResetError("the server closed the connection in the TLS handshake")
