@@ -1,7 +1,9 @@
 """A cold HTTP/2 request through a 10 ms round trip: our e2e beside curl ``--http2``'s time_total.
 
 nginx (TLS 1.3, HTTP/2) in front of the test bed's HTTP/1.1 server, a delay proxy (5 ms each
-way) in its own process in front of nginx. Each round, alternately:
+way) in its own process in front of nginx. Each round runs the three parts below, their order
+rotated from round to round (whoever runs right after curl's process pays ~0.1 ms for the
+caches its start-up and exit churned, so no part may always have that place):
 
 * ours: in this process, two new ``Client``s one after the other, one GET ``/health`` each;
   the second's ``e2e`` counts (a warm process opening a new connection);
@@ -59,8 +61,34 @@ from latency_analyzer.testing._priority import realtime
 from latency_analyzer.testing.pcap import Flow, PacketCapture, tcpdump_missing
 
 ONE_WAY = 0.005
-# each round's flows in the capture, in the order the round dials them: the second of each pair
-_FLOWS = {"ours": 1, "floor_asyncio": 3, "floor_blocking": 5, "floor_thread": 7, "curl": 9}
+# who dials in a round, and the flows each makes in the capture, in its order (a pair each)
+_PARTS = {
+    "ours": ("ours",),
+    "floors": ("floor_asyncio", "floor_blocking", "floor_thread"),
+    "curl": ("curl",),
+}
+_FLOWS = [who for part in _PARTS.values() for who in part]
+
+
+def _order(round_no: int) -> list[str]:
+    """The round's order, rotated each round: a client that runs right after curl's process
+    (its start-up and exit churn the CPU's caches) pays for it in OpenSSL's handshake step,
+    ~0.1 ms here, so no client may always follow curl, nor always follow the floors."""
+    parts = list(_PARTS)
+    k = round_no % len(parts)
+    return parts[k:] + parts[:k]
+
+
+def _flow_index(order: list[str]) -> dict[str, int]:
+    """Where each side's second connection (the one that counts) is among a round's flows."""
+    out, at = {}, 0
+    for part in order:
+        for who in _PARTS[part]:
+            out[who] = at + 1
+            at += 2
+    return out
+
+
 TARGET_MS = 0.5
 _PROXY = """
 import asyncio, sys
@@ -339,14 +367,19 @@ def run(rounds: int, rt: bool) -> dict[str, Any]:
             curl: list[list[float]] = []
             floors: list[dict[str, float]] = []
             wire: dict[str, list[dict[str, float]]] = {k: [] for k in _FLOWS}
-            for _ in range(rounds):
+            for round_no in range(rounds):
+                order = _order(round_no)
                 with PacketCapture(port) if capture else contextlib.nullcontext() as cap:
-                    wf = loop.run_until_complete(_ours(url, ctx, 2))[1]
-                    floors.append(loop.run_until_complete(_floors(port, floor_ctx, 2)))
-                    curl.append(_curl(port, cafile, pre))
+                    for part in order:
+                        if part == "ours":
+                            wf = loop.run_until_complete(_ours(url, ctx, 2))[1]
+                        elif part == "floors":
+                            floors.append(loop.run_until_complete(_floors(port, floor_ctx, 2)))
+                        else:
+                            curl.append(_curl(port, cafile, pre))
                 if cap is not None:
                     flows = cap.flows()
-                    for who, k in _FLOWS.items():
+                    for who, k in _flow_index(order).items():
                         wire[who].append(_wire(flows[k]))
                 if not (wf.ok and wf.http_version == "2"):
                     raise RuntimeError(f"our request failed: {wf.error}")
