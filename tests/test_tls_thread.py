@@ -7,10 +7,16 @@ Truth: a packet capture on ``lo`` (what left in which segment), the bytes a serv
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import socket
+import ssl
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from aiohttp import web
@@ -21,7 +27,7 @@ import latency_analyzer as la
 from latency_analyzer.capture import _tlsthread, connector
 from latency_analyzer.capture._dial import _PromptSocket
 from latency_analyzer.capture._tlstransport import TlsTransport
-from latency_analyzer.testing import H2LLMServer, TestCA
+from latency_analyzer.testing import ALPNLLMServer, H2LLMServer, TestCA
 from latency_analyzer.testing.pcap import require_tcpdump
 from latency_analyzer.testing.tcpdump import TcpDump
 
@@ -164,7 +170,18 @@ async def _dial(port: int, ca: TestCA) -> tuple[TlsTransport, _Recorder]:
     await loop.sock_connect(sock, ("127.0.0.1", port))
     ctx = ca.client_context()
     done = await _tlsthread.handshake_in_thread(sock, ctx, "localhost", 5.0)
-    transport = TlsTransport(loop, sock, done.obj, done.incoming, done.outgoing, ctx, done.early)
+    return _carry(loop, sock, ctx, done)
+
+
+def _carry(
+    loop: asyncio.AbstractEventLoop,
+    sock: _PromptSocket,
+    ctx: ssl.SSLContext,
+    done: _tlsthread.Handshaken,
+) -> tuple[TlsTransport, _Recorder]:
+    transport = TlsTransport(
+        loop, sock, done.obj, done.incoming, done.outgoing, ctx, done.early, done.unsent, done.ended
+    )
     proto = _Recorder()
     transport.start(proto)
     return transport, proto
@@ -299,3 +316,140 @@ async def test_a_handshake_failure_reaches_the_caller_and_closes_the_socket(
         assert open_sockets() - before == set()
     assert not wf.ok and "tls" in wf.stages
     assert "certificate" in (wf.error or "").lower(), wf.error
+
+
+async def test_a_dial_never_waits_for_another_dials_handshake(ca: TestCA) -> None:
+    """Twenty dials to a server that takes 2 s to answer the ClientHello hold twenty threads;
+    a dial to a healthy server meanwhile gets a thread of its own at once: its waterfall
+    (and its ``tls`` stage) is milliseconds long, not the stalled server's 2 s."""
+    slow = ALPNLLMServer(ssl=ca.server_context(alpn=("h2",)), tls_delay=2.0, tokens=1)
+    fast = H2LLMServer(ssl=ca.server_context(alpn=("h2",)), tokens=1)
+    async with slow, fast:
+        clients = [la.Client(ssl=ca.client_context(), timeout=10) for _ in range(21)]
+        stalled = [
+            asyncio.ensure_future(c.request(slow.url + CHAT, json=chat_body()))
+            for c in clients[:20]
+        ]
+        await asyncio.sleep(0.2)  # every one of them is in its handshake
+        assert not any(task.done() for task in stalled)
+        wf = await clients[20].request(fast.url + CHAT, json=chat_body())
+        assert not any(task.done() for task in stalled)
+        slow_ones = await asyncio.gather(*stalled)  # served once the server's delay ran out
+        for c in clients:
+            await c.close()
+    assert all(w.ok for w in slow_ones), {w.error for w in slow_ones}
+    assert wf.ok and wf.http_version == "2", wf.error
+    assert_exact(wf)
+    assert wf.root.duration_ns < 1_000_000_000 and wf.stages["tls"].duration_ns < 1_000_000_000
+
+
+async def test_a_flight_larger_than_the_send_buffer_leaves_the_thread_at_once(
+    ca: TestCA,
+) -> None:
+    """A first flight of 64,000 bytes into a 4 KiB send buffer, the server reading nothing
+    for 0.3 s: the thread hands the kernel what it takes in one send and returns (it does not
+    block for the rest), the flight's send stamp is that syscall's, and the transport sends
+    the rest once the server reads: every byte arrives."""
+    got: list[int] = []
+    reading = threading.Event()
+
+    def serve(listener: socket.socket) -> None:
+        conn, _ = listener.accept()
+        with ca.server_context(alpn=("h2",)).wrap_socket(conn, server_side=True) as tls:
+            time.sleep(0.3)
+            reading.set()
+            total = 0
+            while total < 64_000 and (data := tls.recv(65536)):
+                total += len(data)
+            got.append(total)
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    threading.Thread(target=serve, args=(listener,), daemon=True).start()
+    loop = asyncio.get_running_loop()
+    sock = _PromptSocket(socket.AF_INET, socket.SOCK_STREAM, 0)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    sock.setblocking(False)
+    await loop.sock_connect(sock, listener.getsockname())
+    ctx = ca.client_context(alpn=("h2",))
+    done = await _tlsthread.handshake_in_thread(sock, ctx, "localhost", 5.0, lambda: b"\0" * 64_000)
+    assert not reading.is_set()  # back before the server read a byte of it
+    assert done.unsent  # what the kernel did not take is the transport's to send
+    assert done.flight_sent_ns == sock.wire.send_start_ns  # the one send after the ClientHello
+    transport, proto = _carry(loop, sock, ctx, done)
+    for _ in range(500):
+        if got:
+            break
+        await asyncio.sleep(0.01)
+    assert got == [64_000]
+    transport.abort()
+    await asyncio.wait_for(proto.lost, 5)
+    listener.close()
+
+
+async def test_a_close_notify_that_came_with_the_handshake_ends_the_stream(ca: TestCA) -> None:
+    """A TLS 1.2 server sends its last handshake flight, data and its close_notify in one
+    segment, then waits for ours before it closes (a bidirectional shutdown): the protocol
+    gets the data, the end of stream and the loss at once, and the server our close_notify."""
+    answered: list[bool] = []
+
+    def serve(listener: socket.socket) -> None:
+        ctx = ca.server_context()
+        ctx.maximum_version = ssl.TLSVersion.TLSv1_2
+        conn, _ = listener.accept()
+        incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        obj = ctx.wrap_bio(incoming, outgoing, server_side=True)
+        while True:
+            try:
+                obj.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                if outgoing.pending:
+                    conn.sendall(outgoing.read())
+                incoming.write(conn.recv(65536))
+        obj.write(b"hello and goodbye")
+        with contextlib.suppress(ssl.SSLWantReadError):
+            obj.unwrap()
+        conn.sendall(outgoing.read())  # Finished, data and close_notify together
+        conn.settimeout(5)
+        try:
+            answered.append(bool(conn.recv(65536)))
+        except TimeoutError:
+            answered.append(False)
+        conn.close()
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    threading.Thread(target=serve, args=(listener,), daemon=True).start()
+    _, proto = await _dial(listener.getsockname()[1], ca)
+    assert await asyncio.wait_for(proto.lost, 2) is None
+    assert bytes(proto.data) == b"hello and goodbye"
+    assert proto.calls == ["made", "eof", "lost"]
+    for _ in range(200):
+        if answered:
+            break
+        await asyncio.sleep(0.01)
+    assert answered == [True]
+    listener.close()
+
+
+def test_a_dial_left_in_its_handshake_does_not_keep_the_process_alive(tmp_path: Path) -> None:
+    """A loop abandoned mid-handshake (a loop in a daemon thread, the process ending): the
+    handshake's thread is a daemon too, so the interpreter exits at once."""
+    script = tmp_path / "left.py"
+    script.write_text(
+        "import asyncio, socket, threading, time\n"
+        "import latency_analyzer as la\n"
+        "from latency_analyzer.testing import TestCA\n"
+        "silent = socket.create_server(('127.0.0.1', 0))\n"
+        "port = silent.getsockname()[1]\n"
+        "ca = TestCA()\n"
+        "async def go():\n"
+        "    client = la.Client(ssl=ca.client_context(), timeout=60)\n"
+        "    await client.request(f'https://127.0.0.1:{port}/')\n"
+        "threading.Thread(target=lambda: asyncio.run(go()), daemon=True).start()\n"
+        "time.sleep(0.5)\n"
+    )
+    t0 = time.monotonic()
+    done = subprocess.run([sys.executable, str(script)], timeout=60, capture_output=True)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert time.monotonic() - t0 < 30

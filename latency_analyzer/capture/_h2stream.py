@@ -125,8 +125,9 @@ class H2Streams(H2Base):
             t = sent or now_ns()
             self._preface_written(t)
             state.begin("send", t)
-            if sent:
+            if sent:  # what the kernel did not take yet is in the transport's buffer
                 stream.last_write_ns = sent
+                self.backlog = self.transport.get_write_buffer_size() > 0
             self._flush(stream, b"" if sent else prepared.flight)
         except BaseException:
             self._drop(stream)

@@ -26,19 +26,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import queue
 import socket
 import ssl
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
+from typing import Any
 
+from ._state import now_ns as _now
 from ._wire import StampedSocket
 
 __all__ = ["FirstFlight", "Handshaken", "handshake_in_thread"]
 
 _READ = 256 * 1024
-_WORKERS = 16  # dials whose handshakes run at once; more wait for a free worker
 _BOUND = 300.0  # seconds any one of the thread's socket calls may block, when no timeout says
+_IDLE = 60.0  # seconds a worker with nothing to do waits before it ends
 
 
 class FirstFlight:
@@ -72,10 +75,12 @@ class FirstFlight:
 
 class Handshaken:
     """A session set up by the thread: the ``SSLObject``, its buffers, the plaintext that came
-    with the handshake's last read (``early``), and when the first flight's ``send`` was entered
-    (``flight_sent_ns``; 0 when the thread did not send it)."""
+    with the handshake's last read (``early``) and whether the peer's close_notify came with it
+    (``ended``), the ciphertext the kernel did not take at once (``unsent``: the transport
+    sends it), and when the send carrying the first flight was entered (``flight_sent_ns``;
+    0 when the thread did not take the flight)."""
 
-    __slots__ = ("early", "flight_sent_ns", "incoming", "obj", "outgoing")
+    __slots__ = ("early", "ended", "flight_sent_ns", "incoming", "obj", "outgoing", "unsent")
 
     def __init__(
         self,
@@ -83,30 +88,75 @@ class Handshaken:
         incoming: ssl.MemoryBIO,
         outgoing: ssl.MemoryBIO,
         early: bytes,
+        ended: bool,
+        unsent: bytes,
         flight_sent_ns: int,
     ) -> None:
         self.obj, self.incoming, self.outgoing = obj, incoming, outgoing
-        self.early, self.flight_sent_ns = early, flight_sent_ns
+        self.early, self.ended, self.unsent = early, ended, unsent
+        self.flight_sent_ns = flight_sent_ns
 
 
-_pool: ThreadPoolExecutor | None = None
+class _Workers:
+    """Daemon threads for handshakes, one per handshake under way: a dial never waits for
+    another's (each blocks its thread for a round trip, or until its timeout against a
+    server that does not answer), and none keeps the interpreter from exiting. An idle
+    worker takes the next handshake; one idle for ``_IDLE`` seconds ends."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]]]
+        self._jobs = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        job: Future[Any] = Future()
+        with self._lock:
+            start = self._idle == 0
+            if not start:
+                self._idle -= 1  # that worker is spoken for
+        self._jobs.put((job, fn, args))
+        if start:
+            threading.Thread(target=self._work, name="latency-analyzer-tls", daemon=True).start()
+        return job
+
+    def _work(self) -> None:
+        while True:
+            try:
+                job, fn, args = self._jobs.get(timeout=_IDLE)
+            except queue.Empty:
+                with self._lock:
+                    if self._idle > 0:  # no job was handed to this worker: it may go
+                        self._idle -= 1
+                        return
+                continue  # a job is on its way to this worker
+            if job.set_running_or_notify_cancel():
+                try:
+                    job.set_result(fn(*args))
+                except BaseException as exc:
+                    job.set_exception(exc)
+            with self._lock:
+                self._idle += 1
 
 
-def _executor() -> ThreadPoolExecutor:
-    global _pool
-    if _pool is None:
-        _pool = ThreadPoolExecutor(_WORKERS, thread_name_prefix="latency-analyzer-tls")
-    return _pool
+_workers: _Workers | None = None
 
 
-def _forget_pool() -> None:
-    """A forked child has none of its parent's threads: it starts a pool of its own."""
-    global _pool
-    _pool = None
+def _executor() -> _Workers:
+    global _workers
+    if _workers is None:
+        _workers = _Workers()
+    return _workers
+
+
+def _forget_workers() -> None:
+    """A forked child has none of its parent's threads: it starts workers of its own."""
+    global _workers
+    _workers = None
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_pool)
+    os.register_at_fork(after_in_child=_forget_workers)
 
 
 async def handshake_in_thread(
@@ -196,23 +246,32 @@ def _handshake(
                 obj.write(request)
             else:
                 request = None
-        sent_ns = _send_all(sock, outgoing.read()) if outgoing.pending else 0
-        early: list[bytes] = []  # b"" (a close_notify) is left for the transport to read
-        with contextlib.suppress(ssl.SSLWantReadError, ssl.SSLZeroReturnError):
+        # the Finished (and the flight) in one send, of which the kernel takes what it has room
+        # for now: the rest is the transport's to send, as any write's (a flight may carry up
+        # to 64 KiB of body, which must not hold the thread or end ``send`` early)
+        sock.setblocking(False)
+        unsent, sent_ns = outgoing.read(), _now()
+        with contextlib.suppress(BlockingIOError, InterruptedError):
+            unsent = unsent[sock.send(unsent) :]
+            sent_ns = sock.wire.send_start_ns
+        early: list[bytes] = []
+        ended = False
+        try:
             while chunk := obj.read(_READ):
                 early.append(chunk)
-        return Handshaken(obj, incoming, outgoing, b"".join(early), sent_ns if request else 0)
+            ended = True  # b"": the peer's close_notify came with the handshake
+        except ssl.SSLWantReadError:
+            pass
+        except ssl.SSLZeroReturnError:
+            ended = True
+        flight_ns = sent_ns if request else 0
+        return Handshaken(obj, incoming, outgoing, b"".join(early), ended, unsent, flight_ns)
     finally:
         sock.setblocking(False)
 
 
-def _send_all(sock: StampedSocket, data: bytes) -> int:
-    """Send all of ``data``; the instant the first ``send`` syscall was entered."""
+def _send_all(sock: StampedSocket, data: bytes) -> None:
+    """Send all of ``data`` (the socket blocks, for at most its timeout per call)."""
     view = memoryview(data)
-    first = 0
     while view:
-        n = sock.send(view)
-        if not first:
-            first = sock.wire.send_start_ns
-        view = view[n:]
-    return first
+        view = view[sock.send(view) :]

@@ -41,7 +41,9 @@ class TlsTransport(asyncio.Transport):
     """A TLS session (``obj`` over ``incoming`` / ``outgoing``) on a connected socket.
 
     ``early`` is plaintext the session decrypted before the transport existed (records that
-    came with the handshake's last read); the protocol gets it as its first read.
+    came with the handshake's last read); the protocol gets it as its first read, and an end
+    of stream after it when ``ended`` (the peer's close_notify came with them). ``unsent`` is
+    ciphertext of ours the kernel has not taken yet: it is sent first.
     """
 
     def __init__(
@@ -53,6 +55,8 @@ class TlsTransport(asyncio.Transport):
         outgoing: ssl.MemoryBIO,
         context: ssl.SSLContext,
         early: bytes = b"",
+        unsent: bytes = b"",
+        ended: bool = False,
     ) -> None:
         super().__init__()
         self._loop = loop
@@ -65,6 +69,8 @@ class TlsTransport(asyncio.Transport):
         self._writing_paused = False
         self._paused = True  # until start(): nothing is read before the protocol is there
         self._pending = early  # plaintext not yet handed to the protocol
+        self._unsent = unsent  # ciphertext of the handshake's the kernel did not take yet
+        self._ended = ended  # the peer's close_notify came with the handshake
         self._plain_reads = 0  # reads that handed the protocol plaintext
         self._closing = False
         self._lost = False  # connection_lost scheduled (it runs once)
@@ -85,10 +91,14 @@ class TlsTransport(asyncio.Transport):
         unless the protocol paused reading inside ``connection_made``."""
         self._protocol = protocol
         self._paused = False
+        if self._unsent:  # buffered before the protocol sets its limits: it sees the backlog
+            self._buffer += self._unsent
+            self._unsent = b""
+            self._loop.add_writer(self._fd, self._write_ready)
         protocol.connection_made(self)
         if not self._paused and not self._closing:
             self._loop.add_reader(self._fd, self._read_ready)
-            if self._pending:
+            if self._pending or self._ended:
                 self._loop.call_soon(self._deliver_pending)
 
     # -- extras --
@@ -128,14 +138,17 @@ class TlsTransport(asyncio.Transport):
             return
         self._paused = False
         self._loop.add_reader(self._fd, self._read_ready)
-        if self._pending:
+        if self._pending or self._ended:
             self._loop.call_soon(self._deliver_pending)
 
     def _deliver_pending(self) -> None:
-        if self._paused or self._closing or not self._pending:
+        if self._paused or self._closing:
             return
-        data, self._pending = self._pending, b""
-        self._data_received(data)
+        if self._pending:
+            data, self._pending = self._pending, b""
+            self._data_received(data)
+        if self._ended and not self._closing:
+            self._eof()
 
     def _read_ready(self) -> None:
         if self._closing:
@@ -200,8 +213,14 @@ class TlsTransport(asyncio.Transport):
             if protocol is not None:
                 protocol.eof_received()  # type: ignore[attr-defined]
         finally:
-            # TLS has no half-close: the connection ends with its reading side, and a peer
-            # that closed needs no close_notify of ours
+            # TLS has no half-close: the connection ends with its reading side. Our
+            # close_notify answers the peer's, in one try (a peer that waits for it is done)
+            if not self._lost and not self._buffer:
+                with contextlib.suppress(ssl.SSLError, ValueError, OSError):
+                    self._obj.unwrap()
+                with contextlib.suppress(OSError):
+                    if self._outgoing.pending:
+                        self._sock.send(self._outgoing.read())
             self._force_close(None)
 
     # -- writing --

@@ -232,7 +232,15 @@ class TimedConnector(TCPConnector):
                 bound = timeout.sock_connect or timeout.total
                 done = await handshake_in_thread(sock, ssl, server_hostname, bound, flight.encode)
                 transport = TlsTransport(
-                    self._loop, sock, done.obj, done.incoming, done.outgoing, ssl, done.early
+                    self._loop,
+                    sock,
+                    done.obj,
+                    done.incoming,
+                    done.outgoing,
+                    ssl,
+                    done.early,
+                    done.unsent,
+                    done.ended,
                 )
                 flight.settle(done.flight_sent_ns)
                 transport.start(proto)
