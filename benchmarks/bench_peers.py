@@ -20,6 +20,11 @@ interleaved within each:
   first request received to last response finished), the same yardstick for every tool.
 * ``paced_c10`` / ``paced_c100``: 20 ms per token (the first 20 ms after the role chunk),
   10 / 100 concurrent streams: each tool's TTFT P50/P95/P99 and TPOT minus the server log's.
+  Each tool first sends one request per stream as warm-up with its own option (ours
+  ``warmup_requests``, vLLM ``--num-warmups``, AIPerf ``--warmup-request-count``, GuideLLM
+  its warm-up setting), left out of its figures, and the server's log leaves out the first
+  as many it received: every request of that first wave dials a new connection, which no
+  server log counts.
   The server's TTFT runs from the request received to the first token written, so it leaves
   out the client's own work before its request leaves (a cold dial, other requests' work on
   the same loop). Ours is given both ways: ``ttft`` (what the caller waited, the figure the
@@ -100,6 +105,10 @@ class Workload:
     requests: int
     concurrency: int | None = None  # closed loop
     rate: float | None = None  # open loop, Poisson arrivals per second
+    # requests every tool sends first and leaves out of its figures, with its own warm-up
+    # option, and the server's log leaves out the first as many it received: the first wave
+    # of a closed loop, whose every request dials a new connection
+    warmup: int = 0
 
 
 def workloads(quick: bool) -> list[Workload]:
@@ -108,8 +117,8 @@ def workloads(quick: bool) -> list[Workload]:
         Workload("startup", 0.0, 256, 2, concurrency=2),
         Workload("flat_c64", 0.0, 256, 256 // scale, concurrency=64),
         Workload("flat_c256", 0.0, 256, 512 // scale, concurrency=256),
-        Workload("paced_c10", 0.02, 64, 40 // scale, concurrency=10),
-        Workload("paced_c100", 0.02, 64, 300 // scale, concurrency=100),
+        Workload("paced_c10", 0.02, 64, 40 // scale, concurrency=10, warmup=10),
+        Workload("paced_c100", 0.02, 64, 300 // scale, concurrency=100, warmup=100),
         Workload("open_rate", 0.02, 64, 200 // scale, rate=40.0),
     ]
 
@@ -194,7 +203,8 @@ def cmd_ours(w: Workload, ctx: Context) -> list[str]:
         f'url = "{ctx.url}/v1/chat/completions"',
         f'name = "{w.name}"',
         f'model = "{MODEL}"',
-        f"requests = {w.requests}",
+        f"requests = {w.requests + w.warmup}",
+        f"warmup_requests = {w.warmup}",
         "timeout = 120.0",
     ]
     if w.rate is None:
@@ -231,30 +241,46 @@ def wire_against_log(run: Path, records: list[RequestRecord]) -> dict[str, Any]:
 
     The server's side: its first token written (its log) minus our first request byte handed
     to the kernel (the waterfall's ``send`` start; one CLOCK_MONOTONIC on one host), matched
-    by the traceparent the request carried. Its ``received_ns`` is not used: it comes after
-    the server's accept and parse backlog, which is part of what the wire figure measures.
+    by the traceparent the request carried. Beside it, the two parts of ``ttft`` that the
+    log's TTFT (from the request read) does not hold: ``pre_send`` (our start to that first
+    byte) and ``server_ingress`` (that byte to the log's request read: the server's accept and
+    parse backlog, which a burst of requests lengthens). The wire figure is not held to the
+    log's ``received_ns`` for the same reason: that backlog is part of what it measures.
     Ours minus it is the first token's way back plus our stamps' error. A first token our
     loop read together with later bytes carries that read's stamp, an upper bound the
     waterfall marks (``shared_read_chunks``): such requests are counted, and left out of the
     ``unflagged`` figures. The keys are the table's (our cell of the workload).
     """
-    written: dict[str, int] = {}
+    written: dict[str, tuple[int, int]] = {}  # (first token written, request read)
     for r in records:
         headers = {k.lower(): v for k, v in (r.headers or {}).items()}
         parent = headers.get("traceparent", "").split("-")
         if len(parent) == 4 and r.first_token_ns is not None:
-            written[parent[1]] = r.first_token_ns
+            written[parent[1]] = (r.first_token_ns, r.received_ns)
     pairs: list[tuple[float, float, bool]] = []  # ours, the server's, first token shared
-    for wf, _ in read_run(run):
+    pre_send: list[float] = []  # our start -> first request byte handed to the kernel
+    ingress: list[float] = []  # that byte -> the server's log has the request read
+    for wf, tags in read_run(run):
+        if tags.warmup:
+            continue
         send, wire = wf.stage("send"), wf.ttft_wire_ns
-        first = written.get(str(wf.attributes.get("trace_id")))
-        if wf.ok and send is not None and wire is not None and first is not None:
+        logged = written.get(str(wf.attributes.get("trace_id")))
+        if wf.ok and send is not None and wire is not None and logged is not None:
+            first, received = logged
             shared = 0 in wf.shared_read_chunks
             pairs.append((wire / 1e6, (first - send.start_ns) / 1e6, shared))
+            pre_send.append((send.start_ns - wf.start_ns) / 1e6)
+            ingress.append((received - send.start_ns) / 1e6)
     out: dict[str, Any] = {
         "wire_matched": len(pairs),
         "wire_first_token_shared": sum(1 for *_, shared in pairs if shared),
     }
+    # where ``ttft`` minus the log's TTFT goes: our own work before the request left, and the
+    # server's reading of it, which its log's TTFT (from the request read) leaves out
+    for name, xs in (("pre_send", pre_send), ("server_ingress", ingress)):
+        if xs:
+            for q in (50, 95):
+                out[f"{name}_p{q}_ms"] = ms(float(np.percentile(xs, q)))
     for name, chosen in (("", pairs), ("unflagged_", [p for p in pairs if not p[2]])):
         if not chosen:
             continue
@@ -275,6 +301,8 @@ def cmd_vllm(w: Workload, ctx: Context) -> list[str]:
     args += ["--model", MODEL, "--tokenizer", str(ctx.tokenizer), "--dataset-name", "random"]
     args += ["--random-input-len", str(PROMPT_TOKENS), "--random-output-len", str(w.tokens)]
     args += ["--num-prompts", str(w.requests), "--seed", "0", "--disable-tqdm"]
+    if w.warmup:
+        args += ["--num-warmups", str(w.warmup)]
     if w.rate is None:
         args += ["--request-rate", "inf", "--max-concurrency", str(w.concurrency)]
     else:
@@ -303,6 +331,8 @@ def cmd_aiperf(w: Workload, ctx: Context) -> list[str]:
     args += ["--prompt-input-tokens-mean", str(PROMPT_TOKENS), "--prompt-input-tokens-stddev"]
     args += ["0", "--prompt-output-tokens-mean", str(w.tokens), "--prompt-output-tokens-stddev"]
     args += ["0", "--extra-inputs", "ignore_eos:true", "--request-count", str(w.requests)]
+    if w.warmup:
+        args += ["--warmup-request-count", str(w.warmup)]
     if w.rate is None:
         args += ["--concurrency", str(w.concurrency)]
     else:
@@ -331,9 +361,11 @@ def cmd_guidellm(w: Workload, ctx: Context) -> list[str]:
     args = [str(exe), "run", "--backend", backend]
     args += ["--tokenizer", f"kind=huggingface_auto,model={ctx.tokenizer}"]
     data = f"kind=synthetic_text,prompt_tokens={PROMPT_TOKENS},output_tokens={w.tokens}"
-    args += ["--data", data, "--constraint", f"kind=max_requests,count={w.requests}"]
+    count = w.requests + w.warmup  # its warm-up phase is part of the request budget
+    args += ["--data", data, "--constraint", f"kind=max_requests,count={count}"]
     if w.rate is None:
-        args += ["--profile", f"kind=concurrent,streams={w.concurrency}"]
+        warmup = f",warmup={w.warmup}" if w.warmup else ""  # >= 1: a count of requests
+        args += ["--profile", f"kind=concurrent,streams={w.concurrency}{warmup}"]
     else:
         args += ["--profile", f"kind=poisson,rate={w.rate}"]
     args += ["--disable-console-interactive"]
@@ -370,7 +402,8 @@ TOOLS: dict[str, Tool] = {
 
 def truth(records: list[RequestRecord], w: Workload) -> dict[str, Any]:
     """What the server's own log says about the run."""
-    recs = [r for r in records if r.stream and r.chunk_ns]
+    recs = sorted((r for r in records if r.stream and r.chunk_ns), key=lambda r: r.received_ns)
+    recs = recs[w.warmup :]  # the tools' warm-up requests came first
     if not recs:
         return {"requests": 0}
     ttft = np.array([(r.chunk_ns[0] - r.received_ns) / 1e6 for r in recs])
@@ -615,6 +648,12 @@ def markdown(summary: dict[str, Any], tools: list[str]) -> str:
                 wire += (
                     f" (unflagged P95 {c['unflagged_ttft_wire_p95_error_ms']}; first token read"
                     f" with later bytes: {c['wire_first_token_shared']} of {c['wire_matched']})"
+                )
+            if "pre_send_p95_ms" in c:
+                errs += (
+                    f" (of which ours before sending P50/P95 {c['pre_send_p50_ms']}/"
+                    f"{c['pre_send_p95_ms']}, the server reading the request P50/P95 "
+                    f"{c['server_ingress_p50_ms']}/{c['server_ingress_p95_ms']})"
                 )
             lines.append(
                 f"| {tool} | {name} | {c.get('marginal_cpu_ms_per_1k_tokens', '-')} "

@@ -64,6 +64,10 @@ class _TimedTransport:
         if proto is None:  # nobody reads what this connection would answer
             self._transport.write(data)
             return
+        state = proto.state
+        if state is not None and state.inline_body:  # the headers' write: the body joins it
+            data = bytes(data) + state.inline_body
+            state.inline_body = b""
         hold = proto.hold
         if hold is not None and not hold.released:  # prepared ahead: leaves at its instant
             hold.add(self, data)

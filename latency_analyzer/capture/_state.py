@@ -44,6 +44,7 @@ class RequestState:
         "h2_prepare",
         "handoff",
         "hold",
+        "inline_body",
         "location",
         "protocol",
         "ready",
@@ -56,6 +57,8 @@ class RequestState:
         self.recorder = recorder
         self.trace = trace
         self.protocol: Any = None  # the TimedProtocol carrying this request, once connected
+        # an HTTP/1.1 body that leaves in the write of the request's headers (._transport)
+        self.inline_body = b""
         # When the last response byte arrived. Kept here, not on the protocol: the connection
         # may carry the next request before this one is frozen.
         self.body_end_ns: int | None = None

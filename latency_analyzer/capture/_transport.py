@@ -258,6 +258,12 @@ class ClientTransport:
                 fields = headers
                 if json is not None:  # encoded for each attempt: a stream is read only once
                     body, fields = _json_body(json, headers)
+                if isinstance(body, bytes) and body and _inlinable(fields):
+                    # written with the headers, in the request's own step: aiohttp would
+                    # write a body from a task of its own (before Python 3.12), a loop turn
+                    # later, after whatever else was ready (other requests' work, in a burst)
+                    state.inline_body, fields = body, _with_length(fields, len(body))
+                    body = None
                 async with session.request(
                     method, url, data=body, headers=fields, timeout=timer, allow_redirects=False
                 ) as resp:
@@ -291,6 +297,24 @@ class ClientTransport:
                     raise  # 0 left: no timer at all for a retry
                 restart(state, exc, failed_at)  # once, on the pool's next connection; attempt kept
                 retried = True
+
+
+def _inlinable(headers: Mapping[str, str] | None) -> bool:
+    """A body whose framing the caller did not set (their Content-Length or
+    Transfer-Encoding goes to aiohttp, which sends it as told)."""
+    return not headers or not any(
+        k.lower() in ("content-length", "transfer-encoding") for k in headers
+    )
+
+
+def _with_length(headers: Mapping[str, str] | None, size: int) -> dict[str, str]:
+    """The headers aiohttp would send with a bytes body of ``size``: its length, and its
+    type when the caller gave none."""
+    out = dict(headers or {})
+    out["Content-Length"] = str(size)
+    if not any(k.lower() == "content-type" for k in out):
+        out["Content-Type"] = "application/octet-stream"
+    return out
 
 
 async def _until_end(content: aiohttp.StreamReader, left_s: float) -> None:
