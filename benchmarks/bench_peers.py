@@ -402,15 +402,17 @@ TOOLS: dict[str, Tool] = {
 
 def truth(records: list[RequestRecord], w: Workload) -> dict[str, Any]:
     """What the server's own log says about the run."""
-    recs = sorted((r for r in records if r.stream and r.chunk_ns), key=lambda r: r.received_ns)
-    recs = recs[w.warmup :]  # the tools' warm-up requests came first
+    every = sorted((r for r in records if r.stream and r.chunk_ns), key=lambda r: r.received_ns)
+    # timings leave out the tools' warm-up requests, which came first; tokens and throughput
+    # count them, as the tools' CPU does
+    recs = every[w.warmup :]
     if not recs:
         return {"requests": 0}
     ttft = np.array([(r.chunk_ns[0] - r.received_ns) / 1e6 for r in recs])
     tpot = np.array([(r.chunk_ns[-1] - r.chunk_ns[0]) / 1e6 / (len(r.chunk_ns) - 1) for r in recs])
-    received = np.array(sorted(r.received_ns for r in recs))
-    span_s = (max(r.end_ns for r in recs) - received[0]) / 1e9
-    tokens = sum(r.output_tokens for r in recs)
+    received = np.array([r.received_ns for r in recs])
+    span_s = (max(r.end_ns for r in every) - every[0].received_ns) / 1e9
+    tokens = sum(r.output_tokens for r in every)
     out = {
         "requests": len(recs),
         "tokens": tokens,
