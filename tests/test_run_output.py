@@ -12,7 +12,7 @@ import pytest
 from latency_analyzer.analysis import Tags, WaterfallSet, compare
 from latency_analyzer.errors import UsageError
 from latency_analyzer.load import ClientHealth, Scenario
-from latency_analyzer.load._monitor import cpu_times, steal_share
+from latency_analyzer.load._monitor import busy_share, cpu_times, host_times, steal_share
 from latency_analyzer.load._progress import ProgressLine
 from latency_analyzer.testing.waterfalls import synthetic
 
@@ -73,6 +73,36 @@ def test_a_lagging_loop_is_told_host_contention_or_the_clients_own_limit() -> No
         own.note()
     )
     assert ClientHealth(CALM, None, 0.97, 0).note() is None
+
+
+def test_a_host_that_turned_busy_with_the_run_is_told_apart_from_the_clients_limit() -> None:
+    """The load average (a one-minute mean) still reads low when others' work began with the
+    run; the CPUs' busy share over the run says it: busy all through, and mostly not by us."""
+    turned_busy = ClientHealth(LAG, None, 0.7, 0, steal=0.0, load_avg=1.3, cpus=2, host_busy=0.97)
+    assert turned_busy.host_contended
+    note = str(turned_busy.note())
+    assert note.startswith("the HOST was contended") and "97% busy" in note, note
+    # the client and its server alone keep two CPUs 65% busy: not others' work
+    alone = ClientHealth(LAG, None, 0.7, 0, steal=0.0, load_avg=1.3, cpus=2, host_busy=0.65)
+    assert not alone.host_contended
+    # the client at its own limit is its own limit, however busy the host
+    own = ClientHealth(LAG, None, 0.95, 0, steal=0.0, load_avg=1.3, cpus=2, host_busy=0.99)
+    assert not own.host_contended and str(own.note()).startswith("the CLIENT was saturated")
+    # busy, but all of it ours and a sliver of someone else's
+    ours = ClientHealth(LAG, None, 0.75, 0, steal=0.0, load_avg=1.0, cpus=1, host_busy=0.95)
+    assert not ours.host_contended
+    assert turned_busy.to_dict()["host_busy"] == 0.97
+
+
+def test_the_busy_share_is_read_from_proc_stat(tmp_path: Path) -> None:
+    def stat(busy: int, idle: int, iowait: int) -> tuple[int, int, int] | None:
+        path = tmp_path / "stat"
+        path.write_text(f"cpu  {busy} 0 0 {idle} {iowait} 0 0 0 0 0\ncpu0 1 2 3\n")
+        return host_times(path)
+
+    assert busy_share(stat(100, 800, 100), stat(250, 840, 110)) == pytest.approx(150 / 200)
+    assert busy_share(stat(1, 1, 1), None) is None
+    assert host_times(tmp_path / "missing") is None
 
 
 def test_steal_is_read_from_proc_stat(tmp_path: Path) -> None:

@@ -23,8 +23,9 @@ import asyncio
 import contextlib
 import socket
 import ssl
+import threading
 from asyncio import trsock
-from typing import Any
+from typing import Any, cast
 
 from ._wire import StampedSocket
 
@@ -35,6 +36,24 @@ _READ = 256 * 1024
 _HIGH = 64 * 1024  # asyncio's default write buffer limits
 _WANT = (ssl.SSLWantReadError, ssl.SSLWantWriteError)
 _SHUTDOWN_TIMEOUT = 30.0  # seconds a close waits for the peer's answer (asyncio's default)
+
+
+class _Buffers(threading.local):
+    """Where reads land before they are copied out: one pair per thread (a loop runs in
+    one), not per connection, since a read's bytes leave them within its callback."""
+
+    def __init__(self) -> None:
+        self.cipher = bytearray(_READ)
+        self.cipher_view = memoryview(self.cipher)
+        self.plain = bytearray(_READ)
+        self.plain_view = memoryview(self.plain)
+
+
+_buffers_of_thread = _Buffers()
+
+
+def _buffers() -> _Buffers:
+    return _buffers_of_thread
 
 
 class TlsTransport(asyncio.Transport):
@@ -154,24 +173,29 @@ class TlsTransport(asyncio.Transport):
         if self._closing:
             self._read_closing()
             return
+        bufs = _buffers()
         try:
-            data = self._sock.recv(_READ)  # the kernel's stamp of this read is on the socket
+            # the kernel's stamp of this read is on the socket
+            n = self._sock.recv_into(bufs.cipher, _READ)
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:
             self._force_close(exc)
             return
-        if not data:
+        if not n:
             self._eof()
             return
-        self._incoming.write(data)
+        self._incoming.write(bufs.cipher_view[:n])
         chunks: list[bytes] = []
         ended = False
-        read = self._obj.read
+        read, plain, view = self._obj.read, bufs.plain, bufs.plain_view
         try:
-            while chunk := read(_READ):
-                chunks.append(chunk)
-            ended = True  # b"": the peer's close_notify (no data yet raises SSLWantReadError)
+            while True:
+                m = cast(int, read(_READ, plain))  # into the buffer: the count
+                if not m:  # the peer's close_notify (no data yet raises SSLWantReadError)
+                    ended = True
+                    break
+                chunks.append(view[:m].tobytes())
         except _WANT:
             pass
         except ssl.SSLZeroReturnError:  # the peer's close_notify, as some versions say it

@@ -82,6 +82,13 @@ class Pacer:
 
 def cpu_times(path: str | Path = "/proc/stat") -> tuple[int, int] | None:
     """(steal, total) jiffies of all CPUs since boot, from ``/proc/stat`` (None elsewhere)."""
+    times = host_times(path)
+    return None if times is None else (times[0], times[2])
+
+
+def host_times(path: str | Path = "/proc/stat") -> tuple[int, int, int] | None:
+    """(steal, idle, total) jiffies of all CPUs since boot, from ``/proc/stat`` (None
+    elsewhere); idle counts I/O wait, when a CPU had nothing to run either."""
     try:
         with open(path, encoding="ascii") as f:
             fields = f.readline().split()
@@ -90,7 +97,17 @@ def cpu_times(path: str | Path = "/proc/stat") -> tuple[int, int] | None:
     if len(fields) < 9 or fields[0] != "cpu":
         return None
     values = [int(v) for v in fields[1:9]]  # user nice system idle iowait irq softirq steal
-    return values[7], sum(values)
+    return values[7], values[3] + values[4], sum(values)
+
+
+def busy_share(
+    before: tuple[int, int, int] | None, after: tuple[int, int, int] | None
+) -> float | None:
+    """The share of all CPUs' time in use (by any process) between two :func:`host_times`
+    readings."""
+    if before is None or after is None or after[2] <= before[2]:
+        return None
+    return 1.0 - (after[1] - before[1]) / (after[2] - before[2])
 
 
 def steal_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
@@ -116,11 +133,11 @@ class LoopMonitor:
     _task: asyncio.Task[None] | None = None
     _cpu0: float = 0.0
     _wall0: int = 0
-    _stat0: tuple[int, int] | None = None
+    _stat0: tuple[int, int, int] | None = None
 
     async def __aenter__(self) -> LoopMonitor:
         self._cpu0, self._wall0 = time.process_time(), time.perf_counter_ns()
-        self._stat0 = cpu_times()
+        self._stat0 = host_times()
         self._task = asyncio.create_task(self._sample())
         return self
 
@@ -131,7 +148,11 @@ class LoopMonitor:
                 await self._task
         self.cpu_s = time.process_time() - self._cpu0
         self.wall_s = (time.perf_counter_ns() - self._wall0) / 1e9
-        self.steal = steal_share(self._stat0, cpu_times())
+        before, stat = self._stat0, host_times()
+        self.steal = None
+        if before is not None and stat is not None:
+            self.steal = steal_share((before[0], before[2]), (stat[0], stat[2]))
+        self.busy = busy_share(before, stat)
         self.load = load_average()
 
     async def _sample(self) -> None:
@@ -161,6 +182,11 @@ STEAL_LIMIT = 0.05
 #: This client using more than this share of a core means its own limit was reached.
 OWN_CPU_LIMIT = 0.8
 
+#: The host's CPUs busy for at least this share of the run, with other processes using half
+#: a core or more of it, say they were contended: the load average, a one-minute mean, is
+#: slow to see a host that turned busy as the run began.
+HOST_BUSY_LIMIT = 0.9
+
 
 @dataclass(frozen=True)
 class ClientHealth:
@@ -175,6 +201,8 @@ class ClientHealth:
             known, e.g. not Linux).
         load_avg: the host's 1-minute load average at the end of the run.
         cpus: the host's CPU count.
+        host_busy: share of all the host's CPU time in use during the run, by any process,
+            this one included (None: not known).
     """
 
     loop_lag: dict[str, float]
@@ -186,6 +214,7 @@ class ClientHealth:
     cpus: int | None = None
     read_lag: dict[str, float] | None = None
     """P50/P99 of the waterfalls' median read lags, and the worst read (seconds)."""
+    host_busy: float | None = None
 
     @classmethod
     def of(
@@ -212,16 +241,23 @@ class ClientHealth:
             load_avg=load,
             cpus=os.cpu_count(),
             read_lag=read_lag,
+            host_busy=getattr(mon, "busy", None),
         )
 
     @property
     def host_contended(self) -> bool:
-        """Others took the CPUs: steal, or runnable processes beyond the CPUs we left free."""
+        """Others took the CPUs: steal, runnable processes beyond the CPUs we left free, or
+        the CPUs busy all through the run with others' work."""
         if self.steal is not None and self.steal >= STEAL_LIMIT:
             return True
-        if self.load_avg is None or not self.cpus:
+        if not self.cpus or self.cpu >= OWN_CPU_LIMIT:
             return False
-        return self.cpu < OWN_CPU_LIMIT and self.load_avg - self.cpu >= self.cpus
+        if self.load_avg is not None and self.load_avg - self.cpu >= self.cpus:
+            return True
+        if self.host_busy is None:
+            return False
+        others = self.host_busy * self.cpus - self.cpu  # cores
+        return self.host_busy >= HOST_BUSY_LIMIT and others >= 0.5
 
     @property
     def saturated(self) -> bool:
@@ -248,10 +284,9 @@ class ClientHealth:
             if self.steal is not None and self.steal >= STEAL_LIMIT:
                 why = f"the hypervisor took {self.steal:.0%} of the host's CPU time (steal)"
             else:
-                why = (
-                    f"other processes kept the host busy (load average {self.load_avg:.1f} on "
-                    f"{self.cpus} CPUs)"
-                )
+                busy = "" if self.host_busy is None else f", {self.host_busy:.0%} busy"
+                load = "" if self.load_avg is None else f"load average {self.load_avg:.1f} on "
+                why = f"other processes kept the host busy ({load}{self.cpus} CPUs{busy})"
             return (
                 f"the HOST was contended: {lag}; {why} while {own}: latencies include time "
                 "this client waited for a CPU; run on a quieter host (more client processes "
@@ -279,5 +314,6 @@ class ClientHealth:
             "steal": self.steal,
             "load_avg": self.load_avg,
             "cpus": self.cpus,
+            "host_busy": self.host_busy,
             "host_contended": self.host_contended,
         }

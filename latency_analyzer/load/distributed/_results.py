@@ -175,6 +175,7 @@ def worst_client(outs: list[dict[str, Any]]) -> ClientHealth:
         load_avg=c.get("load_avg"),
         cpus=c.get("cpus"),
         read_lag=c.get("read_lag"),
+        host_busy=c.get("host_busy"),
     )
 
 
