@@ -17,7 +17,9 @@ from conftest import assert_exact, chat_body
 
 import latency_analyzer as la
 from latency_analyzer.capture import _state, _wire
+from latency_analyzer.capture._protocol import TimedProtocol, _TimedTransport
 from latency_analyzer.testing import LLMServer
+from latency_analyzer.timeline import Recorder
 
 CHAT = "/v1/chat/completions"
 
@@ -119,3 +121,33 @@ async def test_requests_started_together_send_before_the_loop_turns() -> None:
     assert all(wf.ok and wf.connection.reused for wf in wfs), [wf.error for wf in wfs]
     assert len(sent) == len(made) == 10
     assert all(sent[k] == made[k] for k in made), (made, sent)
+
+
+def test_headers_written_as_several_chunks_take_the_body_last() -> None:
+    """aiohttp writes headers with ``writelines`` when it frames them with more (chunked):
+    the body still joins that write, after them, once."""
+    sent: list[bytes] = []
+
+    class Sink:
+        def writelines(self, chunks: Any) -> None:
+            sent.append(b"".join(chunks))
+
+        def get_write_buffer_size(self) -> int:
+            return 0
+
+        def __getattr__(self, name: str) -> Any:
+            return lambda *a, **k: None
+
+    loop = asyncio.new_event_loop()
+    try:
+        proto = TimedProtocol(loop)
+        state = _state.RequestState(Recorder("POST", "http://x.test/", start_ns=0))
+        state.inline_body = b"BODY"
+        proto.state = state
+        timed = _TimedTransport(Sink(), proto)  # type: ignore[arg-type]
+        timed.writelines([b"HEAD", b"\r\n\r\n"])
+        timed.writelines([b"NEXT"])
+    finally:
+        loop.close()
+    assert sent == [b"HEAD\r\n\r\nBODY", b"NEXT"]
+    assert state.inline_body == b""

@@ -94,6 +94,10 @@ class _TimedTransport:
         if proto is None:
             self._transport.writelines(chunks)
             return
+        state = proto.state
+        if state is not None and state.inline_body:  # as in write: the body joins the headers
+            chunks = [*chunks, state.inline_body]
+            state.inline_body = b""
         hold = proto.hold
         if hold is not None and not hold.released:
             hold.add(self, b"".join(chunks))

@@ -49,11 +49,7 @@ class _Buffers(threading.local):
         self.plain_view = memoryview(self.plain)
 
 
-_buffers_of_thread = _Buffers()
-
-
-def _buffers() -> _Buffers:
-    return _buffers_of_thread
+_BUFFERS = _Buffers()
 
 
 class TlsTransport(asyncio.Transport):
@@ -83,12 +79,15 @@ class TlsTransport(asyncio.Transport):
         self._fd = sock.fileno()
         self._obj, self._incoming, self._outgoing = obj, incoming, outgoing
         self._protocol: asyncio.BaseProtocol | None = None
-        self._buffer = bytearray()  # ciphertext not yet taken by the kernel
+        # ciphertext not yet taken by the kernel, the handshake's own first: sent once the loop
+        # turns, after start(); buffered before the protocol sets its limits, it sees the backlog
+        self._buffer = bytearray(unsent)
+        if unsent:
+            loop.add_writer(self._fd, self._write_ready)
         self._high, self._low = _HIGH, _HIGH // 4
         self._writing_paused = False
         self._paused = True  # until start(): nothing is read before the protocol is there
         self._pending = early  # plaintext not yet handed to the protocol
-        self._unsent = unsent  # ciphertext of the handshake's the kernel did not take yet
         self._ended = ended  # the peer's close_notify came with the handshake
         self._plain_reads = 0  # reads that handed the protocol plaintext
         self._closing = False
@@ -110,10 +109,6 @@ class TlsTransport(asyncio.Transport):
         unless the protocol paused reading inside ``connection_made``."""
         self._protocol = protocol
         self._paused = False
-        if self._unsent:  # buffered before the protocol sets its limits: it sees the backlog
-            self._buffer += self._unsent
-            self._unsent = b""
-            self._loop.add_writer(self._fd, self._write_ready)
         protocol.connection_made(self)
         if not self._paused and not self._closing:
             self._loop.add_reader(self._fd, self._read_ready)
@@ -173,7 +168,7 @@ class TlsTransport(asyncio.Transport):
         if self._closing:
             self._read_closing()
             return
-        bufs = _buffers()
+        bufs = _BUFFERS
         try:
             # the kernel's stamp of this read is on the socket
             n = self._sock.recv_into(bufs.cipher, _READ)
@@ -355,17 +350,18 @@ class TlsTransport(asyncio.Transport):
 
     def _read_closing(self) -> None:
         """A read while closing: dropped, until the peer's close_notify or FIN."""
+        bufs = _BUFFERS
         try:
-            data = self._sock.recv(_READ)
+            n = self._sock.recv_into(bufs.cipher, _READ)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:  # reset: the peer is gone, which is what we waited for
             self._force_close(None)
             return
-        if data:
-            self._incoming.write(data)
+        if n:
+            self._incoming.write(bufs.cipher_view[:n])
             try:
-                while self._obj.read(_READ):
+                while self._obj.read(_READ, bufs.plain):
                     pass
             except _WANT:
                 return

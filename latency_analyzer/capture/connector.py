@@ -91,10 +91,9 @@ _DIAL_REQUESTS: dict[str, ClientRequest] = {}
 class TimedConnector(TCPConnector):
     """A TCPConnector whose connection work is recorded on the current request."""
 
-    def __init__(self, *, tls_in_thread: bool = True, **kwargs: Any) -> None:
+    def __init__(self, **kwargs: Any) -> None:
         kwargs.setdefault("socket_factory", _socket_factory)
         super().__init__(**kwargs)
-        self._tls_in_thread = tls_in_thread
         loop = self._loop
         factory: Any = functools.partial(TimedProtocol, loop)
         self._factory = factory
@@ -311,7 +310,7 @@ class TimedConnector(TCPConnector):
         # a dial that may become HTTP/2: its handshake runs in a worker thread, and the
         # request's first flight leaves with the Finished (._tlsthread)
         threaded: _Flight | None = None
-        if tls and state.h2_prepare is not None and self._tls_in_thread:
+        if tls and state.h2_prepare is not None:
             threaded = _Flight(state.h2_prepare)
             state.h2_prepare = None
 
