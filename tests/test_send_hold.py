@@ -146,7 +146,7 @@ async def test_schedule_releases_each_instant_once_in_order(
     instant after the earlier; a dropped hold sends nothing. With asyncio's timers instead of
     a timerfd the order and the never-early rule are the same."""
     if not kernel_timer:
-        monkeypatch.setattr(_hold, "_kernel_timer", lambda: None)
+        monkeypatch.setattr(_hold, "kernel_timer", lambda: None)
     loop = asyncio.get_running_loop()
     schedule = _hold.SendSchedule(loop)
     assert schedule.kernel_timer is (kernel_timer and sys.platform.startswith("linux"))

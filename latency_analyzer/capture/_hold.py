@@ -20,72 +20,18 @@ shared by every stream on it).
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import ctypes
 import heapq
-import os
-import sys
 import time
-from typing import Any, Protocol
+from typing import Protocol
+
+from .._timerfd import kernel_timer
 
 __all__ = ["Hold", "SendSchedule"]
-
-_CLOCK_MONOTONIC = 1
-_TFD_TIMER_ABSTIME = 1
-_TFD_NONBLOCK = os.O_NONBLOCK
-_TFD_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
 #: How long before an instant the timer wakes the loop, which then spins to the instant: a
 #: sleeping CPU (a virtual machine's most of all) takes 0.1-0.3 ms to wake.
 _EARLY_NS = 300_000
-
-
-class _Timespec(ctypes.Structure):
-    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
-
-
-class _Itimerspec(ctypes.Structure):
-    _fields_ = [("it_interval", _Timespec), ("it_value", _Timespec)]
-
-
-class _TimerFd:
-    """A CLOCK_MONOTONIC timerfd (``perf_counter_ns`` reads the same clock), set absolute."""
-
-    def __init__(self) -> None:
-        libc: Any = ctypes.CDLL(None, use_errno=True)
-        fd = libc.timerfd_create(_CLOCK_MONOTONIC, _TFD_NONBLOCK | _TFD_CLOEXEC)
-        if fd < 0:
-            err = ctypes.get_errno()
-            raise OSError(err, os.strerror(err))
-        self._libc, self.fd = libc, fd
-        self._spec = _Itimerspec()
-
-    def set(self, at_ns: int) -> None:
-        self._spec.it_value.tv_sec, self._spec.it_value.tv_nsec = divmod(max(1, at_ns), 10**9)
-        if self._libc.timerfd_settime(self.fd, _TFD_TIMER_ABSTIME, ctypes.byref(self._spec), None):
-            err = ctypes.get_errno()
-            raise OSError(err, os.strerror(err))
-
-    def drain(self) -> None:
-        with contextlib.suppress(BlockingIOError):  # set again before the loop read it
-            os.read(self.fd, 8)
-
-    def close(self) -> None:
-        os.close(self.fd)
-
-
-def _kernel_timer() -> _TimerFd | None:
-    """A timerfd when this system has one on ``perf_counter``'s clock, else None."""
-    if not sys.platform.startswith("linux"):
-        return None
-    info = time.get_clock_info("perf_counter")
-    if "CLOCK_MONOTONIC" not in info.implementation or "RAW" in info.implementation:
-        return None
-    try:
-        return _TimerFd()
-    except (OSError, AttributeError):
-        return None
 
 
 class Writer(Protocol):
@@ -172,7 +118,7 @@ class SendSchedule:
         self._loop = loop
         self._instants: list[int] = []  # a heap of the instants in ``_due``
         self._due: dict[int, list[Hold]] = {}
-        self._timer = _kernel_timer()
+        self._timer = kernel_timer()
         self._armed_ns: int | None = None
         self._handle: asyncio.TimerHandle | None = None
         if self._timer is not None:
