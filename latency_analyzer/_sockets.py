@@ -28,6 +28,11 @@ class SocketRegistry(Generic[S]):
         """Register ``sock`` under its file descriptor (a reused descriptor replaces it)."""
         self._by_fd[sock.fileno()] = sock
 
+    def get(self, fd: int) -> S | None:
+        """The registered socket last given descriptor ``fd``, if still alive (it may have
+        closed since: its ``fileno()`` is then -1)."""
+        return self._by_fd.get(fd)
+
     def of(self, transport: Any) -> S | None:
         """The registered socket under ``transport`` (through TLS too), if there is one."""
         if transport is None:

@@ -41,7 +41,14 @@ from typing import Any
 from .._sockets import SocketRegistry
 from ..timeline import process_anchor
 
-__all__ = ["StampedSocket", "WireStamps", "kernel_stamps_supported", "stamped_socket_of", "wire_of"]
+__all__ = [
+    "StampedSocket",
+    "WireStamps",
+    "kernel_stamped_fd",
+    "kernel_stamps_supported",
+    "stamped_socket_of",
+    "wire_of",
+]
 
 _now = time.perf_counter_ns
 
@@ -160,6 +167,12 @@ def stamped_socket_of(transport: Any) -> StampedSocket | None:
     """The socket under ``transport`` (through TLS too), if it is ours: the object asyncio
     reads and writes, not the ``TransportSocket`` view the ``socket`` extra gives."""
     return _ours.of(transport)
+
+
+def kernel_stamped_fd(fd: int) -> bool:
+    """Whether descriptor ``fd`` is one of our sockets whose reads the kernel stamps."""
+    sock = _ours.get(fd)
+    return sock is not None and sock.wire.kernel and sock.fileno() == fd
 
 
 def wire_of(transport: Any) -> WireStamps | None:

@@ -8,13 +8,13 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..capture import batching
 from ..errors import UsageError
 from ..load._files import load_scenario, scenario_preset
 from ..load._presets import PRESETS, length_buckets, preset_scenario, run_fault_injection
@@ -180,14 +180,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     extra: dict[str, Any] = {}
     try:
         if preset == "fault_injection":
-            fr = asyncio.run(
+            fr = batching.run(
                 run_fault_injection(
                     sc,
                     outage_at=_OUTAGE_AT if args.outage_at is None else args.outage_at,
                     outage_s=_OUTAGE_S if args.outage is None else args.outage,
                     path=args.out,
                     progress=update,
-                )
+                ),
+                sc.read_batching,
             )
             result, extra["outage"] = fr.run, fr.outage.to_dict()
         elif args.ray:
@@ -199,7 +200,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             if getattr(result, "interrupted", False):
                 raise KeyboardInterrupt  # reported below, as a run in one process is
         else:
-            result = asyncio.run(run(sc, path=args.out, progress=update, scraper=_scraper(args)))
+            running = run(sc, path=args.out, progress=update, scraper=_scraper(args))
+            result = batching.run(running, sc.read_batching)
     except KeyboardInterrupt:  # asyncio.run cancelled the run, which stored and noted it
         stop()
         print(

@@ -11,11 +11,11 @@ which the client lagged is run again (``--repeat-lagged``).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import math
 import sys
 
+from ..capture import batching
 from ..errors import UsageError
 from ..load._search import parse_resolution, search
 from ._load_verbs import add_scenario_arguments, base_scenario
@@ -101,7 +101,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     _check(args)
     sc = base_scenario(args, "rate", args.rate_max)
     echo = None if args.json else (lambda p: print(point_line(p), flush=True))
-    found = asyncio.run(
+    found = batching.run(
         search(
             sc,
             args.slo,
@@ -111,7 +111,8 @@ def cmd_search(args: argparse.Namespace) -> int:
             path=args.out,
             on_point=echo,
             repeat_lagged=args.repeat_lagged,
-        )
+        ),
+        sc.read_batching,
     )
     if args.json:
         print(json.dumps(found.to_dict()))

@@ -10,7 +10,6 @@ against load), and the plot (``--plot``, a PNG by default beside ``--out``) show
 from __future__ import annotations
 
 import argparse
-import asyncio
 import importlib.util
 import json
 import math
@@ -18,6 +17,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..capture import batching
 from ..errors import UsageError
 from ..load._knee import KNEE_METRICS, LoadPoint, knee
 from ..load._search import sweep_points
@@ -143,10 +143,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     sc = base_scenario(args, key, levels[0])
     echo = None if args.json else (lambda p: print(point_line(p), flush=True))
     rates, users = (levels, ()) if key == "rate" else ((), [int(v) for v in levels])
-    points = asyncio.run(
+    points = batching.run(
         sweep_points(
             sc, rate=rates, concurrency=users, path=args.out, slos=args.slo or (), on_point=echo
-        )
+        ),
+        sc.read_batching,
     )
     bend = knee(points, args.knee_metric)
     if plot is not None:

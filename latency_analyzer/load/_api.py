@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
+from ..capture import batching
 from ..errors import UsageError
 from . import _runner
 from ._runner import RunResult
@@ -65,5 +65,6 @@ async def run(
 
 
 def run_sync(scenario: Scenario, **kwargs: Any) -> RunResult:
-    """``run`` from synchronous code (its own event loop)."""
-    return asyncio.run(run(scenario, **kwargs))
+    """``run`` from synchronous code, on an event loop of its own that batches reads over
+    the scenario's ``read_batching`` (see :mod:`latency_analyzer.capture.batching`)."""
+    return batching.run(run(scenario, **kwargs), scenario.read_batching)

@@ -29,6 +29,7 @@ __all__ = ["Scenario", "Template", "kind_of"]
 
 _MODES = ("closed", "open")
 _APIS = ("chat", "completions")
+_READ_BATCHING_MAX = 0.005  # seconds; half the self-check's read-lag limit
 
 
 @dataclass(frozen=True)
@@ -159,6 +160,12 @@ class Scenario:
         tokenizer: a local ``tokenizer.json`` or tokenizer folder: prompt lengths are then
             built and measured in tokens (see :mod:`latency_analyzer.load._tokenizer`);
             None: in words, marked approximate.
+        read_batching: the longest, in seconds, that the run's event loop lets a stream's
+            read wait while other streams are busy, so that it takes their arrivals in one
+            wake-up instead of one each (see :mod:`latency_analyzer.capture.batching`). The
+            arrival times are the kernel's stamps either way; 0 reads each at once, as
+            asyncio does. At most 0.005: the self-check calls a client whose reads lag 10 ms
+            saturated.
     """
 
     url: str
@@ -188,6 +195,7 @@ class Scenario:
     dataset: Mapping[str, Any] | None = None
     trace: Mapping[str, Any] | None = None
     tokenizer: str | None = None
+    read_batching: float = 0.002
 
     def __post_init__(self) -> None:
         if self.mode not in _MODES:
@@ -212,6 +220,11 @@ class Scenario:
             raise UsageError("concurrency and max_in_flight must be >= 1")
         if not self.templates or sum(t.weight for t in self.templates) <= 0:
             raise UsageError("the mix needs at least one template with a positive weight")
+        if not 0 <= self.read_batching <= _READ_BATCHING_MAX:
+            raise UsageError(
+                f"read_batching must be between 0 and {_READ_BATCHING_MAX} seconds, got "
+                f"{self.read_batching!r}"
+            )
         if self.think_time is not None and self.think_time.source is not None:
             raise UsageError("think_time: an empirical file gives lengths; list the seconds")
 

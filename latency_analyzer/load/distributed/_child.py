@@ -1,4 +1,4 @@
-"""A worker process: ``python -m latency_analyzer.load.distributed._child``.
+"""A worker process: ``python -m latency_analyzer.load.distributed._child [READ_BATCHING]``.
 
 Speaks the worker protocol over its standard input and output, one JSON object per line. The
 first line is ``{"index", "scenario", "options"}``; every later one a call ``{"id", "method",
@@ -18,6 +18,7 @@ import signal
 import sys
 from typing import Any, BinaryIO
 
+from ...capture import batching
 from .._scenario import Scenario
 from ._worker import Worker
 
@@ -56,7 +57,9 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     out = os.fdopen(os.dup(1), "wb")  # the protocol stream
     os.dup2(2, 1)  # everything else printed goes to stderr
-    asyncio.run(_serve(out))
+    # the scenario's read_batching, given on the command line: the loop is made first
+    window = float(sys.argv[1]) if len(sys.argv) > 1 else 0.0
+    batching.run(_serve(out), window)
 
 
 if __name__ == "__main__":
