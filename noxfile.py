@@ -61,6 +61,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/bench_http2.py", "--out", "bench-results/http2.json")
     session.run("python", "benchmarks/bench_load.py", "--out", "bench-results/load.json")
     session.run("python", "benchmarks/bench_streams.py", "--out", "bench-results/streams.json")
+    session.run("python", "benchmarks/bench_batching.py", "--out", "bench-results/batching.json")
     session.run("python", "benchmarks/bench_profile.py", "--out", "bench-results/profile.json")
     session.run("python", "benchmarks/bench_stamps.py", "--out", "bench-results/stamps.json")
     out = "bench-results/streams_wire.json"  # 1,000 streams over workers vs a capture
