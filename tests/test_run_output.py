@@ -3,8 +3,14 @@ a progress line, and ``compare`` of runs whose scenarios are named differently."
 
 from __future__ import annotations
 
+import asyncio
 import io
+import os
 import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -12,7 +18,14 @@ import pytest
 from latency_analyzer.analysis import Tags, WaterfallSet, compare
 from latency_analyzer.errors import UsageError
 from latency_analyzer.load import ClientHealth, Scenario
-from latency_analyzer.load._monitor import busy_share, cpu_times, host_times, steal_share
+from latency_analyzer.load._monitor import (
+    LoopMonitor,
+    busy_share,
+    cpu_times,
+    host_times,
+    run_delay_ns,
+    steal_share,
+)
 from latency_analyzer.load._progress import ProgressLine
 from latency_analyzer.testing.waterfalls import synthetic
 
@@ -92,6 +105,65 @@ def test_a_host_that_turned_busy_with_the_run_is_told_apart_from_the_clients_lim
     ours = ClientHealth(LAG, None, 0.75, 0, steal=0.0, load_avg=1.0, cpus=1, host_busy=0.95)
     assert not ours.host_contended
     assert turned_busy.to_dict()["host_busy"] == 0.97
+
+
+def test_a_lag_spent_waiting_for_a_cpu_is_the_hosts_whatever_the_averages() -> None:
+    """A host busy in bursts: averages over the run read low, but the loop's thread spent
+    its lagging samples on a run queue. Waiting is the host's; blocking is the loop's own."""
+    waited = {"total_s": 0.08, "lagging_s": 0.06, "lagging_lag_s": 0.07}
+    burst = ClientHealth(LAG, LAG, 0.3, 0, load_avg=0.4, cpus=2, host_busy=0.23, cpu_wait=waited)
+    assert burst.lag_waited_for_cpu and burst.host_contended
+    note = str(burst.note())
+    assert note.startswith("the HOST was contended") and "waited 60 ms for a CPU" in note, note
+    blocked = {"total_s": 0.002, "lagging_s": 0.001, "lagging_lag_s": 0.07}
+    own = ClientHealth(LAG, LAG, 0.3, 0, load_avg=0.4, cpus=2, host_busy=0.23, cpu_wait=blocked)
+    assert not own.lag_waited_for_cpu and not own.host_contended
+    assert "something blocked the loop" in str(own.note())
+    assert own.to_dict()["cpu_wait"] == blocked
+
+
+def _monitored(work: Callable[[], None]) -> ClientHealth:
+    """The self-check of a loop on which ``work`` runs as a callback every 60 ms, 8 times."""
+
+    async def main() -> ClientHealth:
+        async with LoopMonitor() as mon:
+            for _ in range(8):
+                await asyncio.sleep(0.06)
+                work()
+        return mon.health(None)
+
+    return asyncio.run(main())
+
+
+@pytest.mark.skipif(run_delay_ns() is None, reason="the kernel gives no run-queue delay here")
+def test_the_self_check_tells_a_cpu_taken_by_others_from_a_blocked_loop() -> None:
+    """Ground truth injected both ways: three processes spinning on the loop's CPU (all
+    pinned to one, so the loop's thread has a quarter of it and waits on the run queue the
+    rest), then a loop blocked by a synchronous sleep (it waits for nothing but itself)."""
+    cpu = min(os.sched_getaffinity(0))
+    spins = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(3)]
+    mask = os.sched_getaffinity(0)
+    try:
+        for spin in spins:
+            os.sched_setaffinity(spin.pid, {cpu})
+        os.sched_setaffinity(0, {cpu})
+
+        def compute() -> None:  # CPU work the scheduler shares with the spinner
+            deadline = time.thread_time() + 0.03
+            while time.thread_time() < deadline:
+                pass
+
+        shared = _monitored(compute)
+    finally:
+        os.sched_setaffinity(0, mask)
+        for spin in spins:
+            spin.kill()
+            spin.wait()
+    assert shared.cpu_wait is not None and shared.cpu_wait["lagging_lag_s"] > 0, shared
+    assert shared.lag_waited_for_cpu and shared.host_contended, shared
+    blocked = _monitored(lambda: time.sleep(0.2))
+    assert blocked.cpu_wait is not None and blocked.cpu_wait["lagging_lag_s"] >= 0.8, blocked
+    assert not blocked.lag_waited_for_cpu, blocked
 
 
 def test_the_busy_share_is_read_from_proc_stat(tmp_path: Path) -> None:

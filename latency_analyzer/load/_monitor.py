@@ -12,7 +12,10 @@ matters (the saturation limit is a 10 ms P99).
 A lagging loop has two different causes with different remedies: the client itself used its
 core (more processes help), or the host's CPUs were taken by others: other processes (the
 load average well above what this client used) or the hypervisor (CPU steal in
-``/proc/stat``), where more client processes only add to the contention. The read lag
+``/proc/stat``), where more client processes only add to the contention. Averages over the
+run miss a host that was busy in bursts, so each sample also reads how long the loop's thread
+waited for a CPU while it slept (``/proc/thread-self/schedstat``, the kernel's run-queue
+delay): a lag that is mostly that wait was the host's, whatever the averages say. The read lag
 is measured, not sampled: every waterfall carries how long after the kernel's receive stamp
 our loop read each response's bytes (its median and worst), and the run reports their P50,
 P99 and max.
@@ -117,6 +120,16 @@ def steal_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -
     return (after[0] - before[0]) / (after[1] - before[1])
 
 
+def run_delay_ns() -> int | None:
+    """How long the calling thread has waited on a run queue for a CPU, in all, in ns
+    (``/proc/thread-self/schedstat``; None where the kernel does not say)."""
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as f:
+            return int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def load_average() -> float | None:
     """The host's 1-minute load average (runnable processes), None where unknown."""
     try:
@@ -130,6 +143,8 @@ class LoopMonitor:
     """Samples event-loop lag every 50 ms while running (``async with``)."""
 
     lags_ns: list[int] = field(default_factory=list)
+    #: per sample, how long the loop's thread waited for a CPU during it (-1: not known)
+    waits_ns: list[int] = field(default_factory=list)
     _task: asyncio.Task[None] | None = None
     _cpu0: float = 0.0
     _wall0: int = 0
@@ -157,15 +172,33 @@ class LoopMonitor:
 
     async def _sample(self) -> None:
         tick = round(_TICK_S * 1e9)
+        waited = run_delay_ns()
         while True:
             t = time.perf_counter_ns()
             await asyncio.sleep(_TICK_S)
             self.lags_ns.append(max(0, time.perf_counter_ns() - t - tick))
+            before, waited = waited, run_delay_ns()
+            # -1: not known (the lists stay in step, sample by sample)
+            self.waits_ns.append(-1 if before is None or waited is None else waited - before)
 
     def health(
         self, pacer: Pacer | None, read_lags_s: tuple[list[float], list[float]] | None = None
     ) -> ClientHealth:
         return ClientHealth.of(self, pacer, read_lags_s)
+
+
+def _cpu_wait(lags_ns: list[int], waits_ns: list[int]) -> dict[str, float] | None:
+    # in step sample by sample; a monitor made without waits (lags given by hand) has none
+    known = [(lag, wait) for lag, wait in zip(lags_ns, waits_ns, strict=False) if wait >= 0]
+    if not known:
+        return None
+    limit = LOOP_LAG_LIMIT_S * 1e9
+    lagging = [(lag, wait) for lag, wait in known if lag > limit]
+    return {
+        "total_s": sum(wait for _, wait in known) / 1e9,
+        "lagging_s": sum(min(wait, lag) for lag, wait in lagging) / 1e9,
+        "lagging_lag_s": sum(lag for lag, _ in lagging) / 1e9,
+    }
 
 
 def _pcts(ns: list[int]) -> dict[str, float]:
@@ -203,6 +236,10 @@ class ClientHealth:
         cpus: the host's CPU count.
         host_busy: share of all the host's CPU time in use during the run, by any process,
             this one included (None: not known).
+        cpu_wait: how long the loop's thread waited on a run queue for a CPU (seconds):
+            ``total_s`` over the run, ``lagging_s`` during the loop-lag samples over
+            :data:`LOOP_LAG_LIMIT_S` and ``lagging_lag_s``, those samples' lag (None: the
+            kernel does not say).
     """
 
     loop_lag: dict[str, float]
@@ -215,6 +252,7 @@ class ClientHealth:
     read_lag: dict[str, float] | None = None
     """P50/P99 of the waterfalls' median read lags, and the worst read (seconds)."""
     host_busy: float | None = None
+    cpu_wait: dict[str, float] | None = None
 
     @classmethod
     def of(
@@ -242,13 +280,17 @@ class ClientHealth:
             cpus=os.cpu_count(),
             read_lag=read_lag,
             host_busy=getattr(mon, "busy", None),
+            cpu_wait=_cpu_wait(mon.lags_ns, mon.waits_ns),
         )
 
     @property
     def host_contended(self) -> bool:
-        """Others took the CPUs: steal, runnable processes beyond the CPUs we left free, or
-        the CPUs busy all through the run with others' work."""
+        """Others took the CPUs: steal, the loop's lag mostly spent waiting for a CPU,
+        runnable processes beyond the CPUs we left free, or the CPUs busy all through the
+        run with others' work."""
         if self.steal is not None and self.steal >= STEAL_LIMIT:
+            return True
+        if self.lag_waited_for_cpu:
             return True
         if not self.cpus or self.cpu >= OWN_CPU_LIMIT:
             return False
@@ -258,6 +300,14 @@ class ClientHealth:
             return False
         others = self.host_busy * self.cpus - self.cpu  # cores
         return self.host_busy >= HOST_BUSY_LIMIT and others >= 0.5
+
+    @property
+    def lag_waited_for_cpu(self) -> bool:
+        """The loop's lagging samples (over :data:`LOOP_LAG_LIMIT_S`) were at least half
+        spent with its thread waiting on a run queue: the host gave the CPU to others, in a
+        burst an average over the run can miss."""
+        w = self.cpu_wait
+        return bool(w and w["lagging_lag_s"] > 0 and w["lagging_s"] >= 0.5 * w["lagging_lag_s"])
 
     @property
     def saturated(self) -> bool:
@@ -283,6 +333,12 @@ class ClientHealth:
         if self.host_contended:
             if self.steal is not None and self.steal >= STEAL_LIMIT:
                 why = f"the hypervisor took {self.steal:.0%} of the host's CPU time (steal)"
+            elif self.lag_waited_for_cpu and self.cpu_wait is not None:
+                why = (
+                    f"the loop's thread waited {self.cpu_wait['lagging_s'] * 1e3:.0f} ms for a "
+                    f"CPU during its {self.cpu_wait['lagging_lag_s'] * 1e3:.0f} ms of lag "
+                    "(other processes held the CPUs)"
+                )
             else:
                 busy = "" if self.host_busy is None else f", {self.host_busy:.0%} busy"
                 load = "" if self.load_avg is None else f"load average {self.load_avg:.1f} on "
@@ -316,4 +372,5 @@ class ClientHealth:
             "cpus": self.cpus,
             "host_busy": self.host_busy,
             "host_contended": self.host_contended,
+            "cpu_wait": self.cpu_wait,
         }

@@ -176,6 +176,7 @@ def worst_client(outs: list[dict[str, Any]]) -> ClientHealth:
         cpus=c.get("cpus"),
         read_lag=c.get("read_lag"),
         host_busy=c.get("host_busy"),
+        cpu_wait=c.get("cpu_wait"),
     )
 
 
