@@ -117,7 +117,7 @@ def workloads(quick: bool) -> list[Workload]:
         Workload("startup", 0.0, 256, 2, concurrency=2),
         Workload("flat_c64", 0.0, 256, 256 // scale, concurrency=64),
         Workload("flat_c256", 0.0, 256, 512 // scale, concurrency=256),
-        Workload("paced_c10", 0.02, 64, 40 // scale, concurrency=10, warmup=10),
+        Workload("paced_c10", 0.02, 64, 160 // scale, concurrency=10, warmup=10),
         Workload("paced_c100", 0.02, 64, 300 // scale, concurrency=100, warmup=100),
         Workload("open_rate", 0.02, 64, 200 // scale, rate=40.0),
     ]
