@@ -86,3 +86,22 @@ def test_compare_cli_pairs_by_position_when_names_differ(
     assert cli_main(["compare", *paths, "--pair-by", "name"]) == 2
     err = capsys.readouterr().err
     assert "share no scenario name" in err and "vendor-a" in err and "vendor-b" in err
+
+
+def test_read_batching_from_the_command_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--read-batching`` sets the run's window (kept in the run file's scenario); one out of
+    range exits 2 with the key and the reason, before anything runs."""
+    with LLMServer(tokens=2).run_in_subprocess() as s:
+        url = f"{s.url}/v1/chat/completions"
+        base = ["run", "--url", url, "--requests", "4", "--concurrency", "2", "--workers", "1"]
+        out = tmp_path / "r.jsonl"
+        assert _main([*base, "--read-batching", "0", "--out", str(out), "--json"]) == 0
+        capsys.readouterr()
+        assert cli_main([*base, "--read-batching", "0.05", "--out", str(tmp_path / "x")]) == 2
+    meta = json.loads(out.read_text().splitlines()[0])["meta"]
+    assert meta["scenario"]["read_batching"] == 0
+    err = capsys.readouterr().err
+    assert "read_batching must be between 0 and 0.005 seconds, got 0.05" in err
+    assert not (tmp_path / "x").exists()

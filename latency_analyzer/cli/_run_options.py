@@ -75,6 +75,14 @@ def add_request_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--speed", type=float, metavar="X", help="trace replay speed (2: twice as fast)")
     p.add_argument(
+        "--read-batching",
+        type=float,
+        metavar="SECONDS",
+        help="the longest a busy stream's read may wait to be batched with others' (default "
+        "0.002, at most 0.005; 0: read each at once). Arrival times are the kernel's stamps "
+        "either way",
+    )
+    p.add_argument(
         "--slo",
         type=_slos,
         metavar="KEY=DURATION,...",
@@ -116,6 +124,8 @@ def _flags(args: argparse.Namespace) -> dict[str, Any]:
         out["max_in_flight"] = args.max_in_flight
     if args.tokenizer is not None:
         out["tokenizer"] = args.tokenizer
+    if args.read_batching is not None:
+        out["read_batching"] = args.read_batching
     if args.trace is not None:  # a trace is an open loop: its instants are the schedule
         out["trace"] = {"path": str(Path(args.trace).absolute())}
         if args.mode is None:
