@@ -18,16 +18,29 @@ tokens, 20 ms apart). Per loop and workload, the medians over rounds of:
 * ``read_lag_p99_ms``: the run's read lag P99 (how late bytes were read after they came).
 
 The ratios (batched ÷ eager) are the result. The run's ``result.client`` health is kept too.
+
+``jitter``: what batching costs in precision. A sender process writes 8-byte messages, each
+holding its ``perf_counter_ns`` just before the send, on 16 loopback connections at
+exponential gaps (mean 10 ms per connection, so some of one connection's messages come close
+together); the reader stamps each read with the kernel (our ``StampedSocket``). Per loop
+(eager, the default window, 1 and 2 ms): P50/P99/P99.9/max of stamp − sent and the share over
+200 µs. A message read together with a later one of its connection carries the later one's
+stamp: that, and loopback, is all the difference.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import platform
 import resource
+import socket
 import statistics
+import struct
+import subprocess
+import sys
 import tempfile
 import time
 from datetime import datetime, timezone
@@ -35,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from latency_analyzer.capture import batching
+from latency_analyzer.capture._wire import StampedSocket
 from latency_analyzer.load import Scenario, run
 from latency_analyzer.testing import LLMServer
 
@@ -98,6 +112,84 @@ def one(sc: Scenario, window: float, server: int, out: Path) -> dict[str, Any]:
     }
 
 
+_SENDER = """
+import random, socket, struct, sys, time
+port, n, mean, seconds = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+conns = [socket.create_connection(("127.0.0.1", port)) for _ in range(n)]
+for c in conns:
+    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+rng, t0, due = random.Random(2), time.monotonic() + 0.05, []
+for i in range(n):
+    t = t0
+    while t < t0 + seconds:
+        t += rng.expovariate(1 / mean)
+        due.append((t, i))
+for at, i in sorted(due):
+    time.sleep(max(0.0, at - time.monotonic()))
+    conns[i].send(struct.pack("@q", time.perf_counter_ns()))
+"""
+
+
+def jitter_once(
+    window: float, streams: int = 16, mean: float = 0.010, seconds: float = 3.0
+) -> list[int]:
+    """Stamp − sent (ns) of every message, on a loop of ``window`` (0: asyncio's own)."""
+    loop = batching.new_event_loop(window)
+    errors: list[int] = []
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        args = [str(port), str(streams), str(mean), str(seconds)]
+        sender = subprocess.Popen([sys.executable, "-c", _SENDER, *args])
+        done = loop.create_future()
+        left = [streams]
+
+        def on_read(sock: StampedSocket) -> None:
+            try:
+                data = sock.recv(65536)
+            except BlockingIOError:
+                return
+            if not data:
+                loop.remove_reader(sock.fileno())
+                sock.close()
+                left[0] -= 1
+                if not left[0]:
+                    done.set_result(None)
+                return
+            stamp = sock.wire.read_kernel_ns
+            errors.extend(stamp - sent for (sent,) in struct.iter_unpack("@q", data))
+
+        for _ in range(streams):
+            conn, _ = listener.accept()
+            sock = StampedSocket(fileno=conn.detach())
+            sock.setblocking(False)
+            loop.add_reader(sock.fileno(), on_read, sock)
+    try:
+        loop.run_until_complete(asyncio.wait_for(done, seconds + 30))
+    finally:
+        sender.wait()
+        loop.close()
+    return errors
+
+
+def jitter(quick: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    default = Scenario(url="http://127.0.0.1:1/", requests=1).read_batching
+    for label, window in (("eager", 0.0), ("default", default), ("1ms", 0.001), ("2ms", 0.002)):
+        errors = sorted(jitter_once(window, seconds=1.0 if quick else 3.0))
+
+        out[label] = {
+            "window_s": window,
+            "messages": len(errors),
+            "stamp_minus_sent_us": {
+                name: round(errors[int(p * (len(errors) - 1))] / 1e3, 1)
+                for name, p in (("p50", 0.5), ("p99", 0.99), ("p999", 0.999))
+            },
+            "max_us": round(errors[-1] / 1e3, 1),
+            "share_over_200us": round(sum(e > 200_000 for e in errors) / len(errors), 4),
+        }
+    return out
+
+
 def measure(rounds: int, quick: bool) -> dict[str, Any]:
     out: dict[str, Any] = {}
     window = Scenario(url="http://127.0.0.1:1/", requests=1).read_batching
@@ -137,7 +229,7 @@ def measure(rounds: int, quick: bool) -> dict[str, Any]:
                 if med["eager"].get(key)
             }
             out[name] = {"median": med, "ratios_batched_over_eager": ratios, "runs": runs}
-    return {"window_s": window, "rounds": rounds, "workloads": out}
+    return {"window_s": window, "rounds": rounds, "workloads": out, "jitter": jitter(quick)}
 
 
 def main() -> None:
@@ -156,6 +248,11 @@ def main() -> None:
     result["wall_s"] = round(time.perf_counter() - started, 1)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
+    for label, j in result["jitter"].items():
+        print(
+            f"jitter {label}: stamp - sent {j['stamp_minus_sent_us']} us, max {j['max_us']},"
+            f" over 200 us {j['share_over_200us']:.2%}"
+        )
     for name, w in result["workloads"].items():
         print(name, json.dumps(w["ratios_batched_over_eager"]))
         for label, m in w["median"].items():

@@ -59,7 +59,11 @@ class TimerFd:
             os.read(self.fd, 8)
 
     def close(self) -> None:
-        os.close(self.fd)
+        """Close the descriptor (again: nothing; its number may belong to another file by
+        then)."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
 def kernel_timer() -> TimerFd | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import selectors
 import socket
@@ -18,6 +19,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from latency_analyzer._timerfd import kernel_timer
@@ -25,6 +27,7 @@ from latency_analyzer.capture import batching
 from latency_analyzer.capture._wire import StampedSocket, kernel_stamps_supported
 from latency_analyzer.errors import UsageError
 from latency_analyzer.load import Scenario, run, run_sync
+from latency_analyzer.load.distributed import run_workers_sync
 from latency_analyzer.testing import LLMServer
 from latency_analyzer.testing.pcap import PacketCapture, require_tcpdump
 from latency_analyzer.timeline import ClockAnchor
@@ -183,6 +186,39 @@ def test_the_wait_shrinks_to_half_the_gap_between_a_streams_arrivals(
         sel.close()
 
 
+def test_a_refused_modify_leaves_the_descriptor_free_for_the_next_socket() -> None:
+    """A pipe closed while still registered makes ``modify`` fail, and asyncio's selector drops
+    its key; a new socket given the same number then registers as on asyncio's own."""
+    sel = _selector(30.0)
+    a, a2 = socket.socketpair()
+    fd = a.fileno()
+    try:
+        sel.register(fd, selectors.EVENT_READ)
+        a.close()
+        with pytest.raises(OSError):
+            sel.modify(fd, selectors.EVENT_READ | selectors.EVENT_WRITE)
+        b, b2 = socket.socketpair()
+        try:
+            assert b.fileno() == fd
+            sel.register(b, selectors.EVENT_READ)
+            b2.send(b"!")
+            assert [key.fd for key, _ in sel.select(5)] == [fd]
+        finally:
+            b.close()
+            b2.close()
+    finally:
+        sel.close()
+        a2.close()
+
+
+def test_closing_twice_closes_nothing_else() -> None:
+    sel = _selector(0.001)
+    sel.close()
+    with open(os.devnull) as other:  # may get the timer's old number
+        sel.close()
+        os.fstat(other.fileno())  # still open
+
+
 def test_new_event_loop_is_asyncios_own_at_zero() -> None:
     plain = batching.new_event_loop(0)
     batched = batching.new_event_loop(0.002)
@@ -198,6 +234,20 @@ def test_new_event_loop_is_asyncios_own_at_zero() -> None:
 def test_read_batching_out_of_range_is_refused(bad: float) -> None:
     with pytest.raises(UsageError, match="read_batching"):
         Scenario(url="http://127.0.0.1:1/", requests=1, read_batching=bad)
+
+
+def test_worker_processes_take_the_window_whatever_its_number_type() -> None:
+    """The window reaches each worker on its command line: a numpy float (a sweep's
+    ``np.linspace``) is written as a number there too."""
+    with LLMServer(tokens=4).run_in_subprocess() as llm:
+        sc = Scenario(
+            url=llm.url + "/v1/chat/completions",
+            requests=4,
+            concurrency=2,
+            read_batching=np.float64(0.0005),
+        )
+        result = run_workers_sync(sc, workers=2)
+    assert result.set.counts()["ok"] == 4 and not result.interrupted
 
 
 def test_run_sync_uses_the_scenarios_window(monkeypatch: pytest.MonkeyPatch) -> None:

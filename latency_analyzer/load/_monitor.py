@@ -196,8 +196,9 @@ def _cpu_wait(lags_ns: list[int], waits_ns: list[int]) -> dict[str, float] | Non
     lagging = [(lag, wait) for lag, wait in known if lag > limit]
     return {
         "total_s": sum(wait for _, wait in known) / 1e9,
-        "lagging_s": sum(min(wait, lag) for lag, wait in lagging) / 1e9,
-        "lagging_lag_s": sum(lag for lag, _ in lagging) / 1e9,
+        "lagging": len(lagging),
+        # samples that would have been within the limit but for the wait
+        "lagging_by_wait": sum(1 for lag, wait in lagging if lag - wait <= limit),
     }
 
 
@@ -236,10 +237,10 @@ class ClientHealth:
         cpus: the host's CPU count.
         host_busy: share of all the host's CPU time in use during the run, by any process,
             this one included (None: not known).
-        cpu_wait: how long the loop's thread waited on a run queue for a CPU (seconds):
-            ``total_s`` over the run, ``lagging_s`` during the loop-lag samples over
-            :data:`LOOP_LAG_LIMIT_S` and ``lagging_lag_s``, those samples' lag (None: the
-            kernel does not say).
+        cpu_wait: the loop's thread on a run queue, waiting for a CPU: ``total_s`` (seconds
+            over the run), ``lagging`` (loop-lag samples over :data:`LOOP_LAG_LIMIT_S`) and
+            ``lagging_by_wait`` (those of them whose lag less that wait is within the limit:
+            the wait made them lag). None: the kernel does not say.
     """
 
     loop_lag: dict[str, float]
@@ -290,10 +291,10 @@ class ClientHealth:
         run with others' work."""
         if self.steal is not None and self.steal >= STEAL_LIMIT:
             return True
-        if self.lag_waited_for_cpu:
-            return True
         if not self.cpus or self.cpu >= OWN_CPU_LIMIT:
             return False
+        if self.lag_waited_for_cpu:
+            return True
         if self.load_avg is not None and self.load_avg - self.cpu >= self.cpus:
             return True
         if self.host_busy is None:
@@ -303,11 +304,11 @@ class ClientHealth:
 
     @property
     def lag_waited_for_cpu(self) -> bool:
-        """The loop's lagging samples (over :data:`LOOP_LAG_LIMIT_S`) were at least half
-        spent with its thread waiting on a run queue: the host gave the CPU to others, in a
-        burst an average over the run can miss."""
+        """At least half the loop's lagging samples (over :data:`LOOP_LAG_LIMIT_S`) would
+        have been within it but for their thread's wait on a run queue: the host gave the
+        CPU to others, in bursts an average over the run can miss."""
         w = self.cpu_wait
-        return bool(w and w["lagging_lag_s"] > 0 and w["lagging_s"] >= 0.5 * w["lagging_lag_s"])
+        return bool(w and w["lagging"] and w["lagging_by_wait"] >= 0.5 * w["lagging"])
 
     @property
     def saturated(self) -> bool:
@@ -334,10 +335,11 @@ class ClientHealth:
             if self.steal is not None and self.steal >= STEAL_LIMIT:
                 why = f"the hypervisor took {self.steal:.0%} of the host's CPU time (steal)"
             elif self.lag_waited_for_cpu and self.cpu_wait is not None:
+                w = self.cpu_wait
                 why = (
-                    f"the loop's thread waited {self.cpu_wait['lagging_s'] * 1e3:.0f} ms for a "
-                    f"CPU during its {self.cpu_wait['lagging_lag_s'] * 1e3:.0f} ms of lag "
-                    "(other processes held the CPUs)"
+                    f"{w['lagging_by_wait']:.0f} of the loop's {w['lagging']:.0f} lagging "
+                    "samples lagged because its thread waited for a CPU that other processes "
+                    "held"
                 )
             else:
                 busy = "" if self.host_busy is None else f", {self.host_busy:.0%} busy"

@@ -104,7 +104,7 @@ class ProcessBackend:
                 sys.executable,
                 "-m",
                 "latency_analyzer.load.distributed._child",
-                repr(sc.read_batching),  # the loop is made before the scenario is read
+                repr(float(sc.read_batching)),  # the loop is made before the scenario is read
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 limit=1 << 24,  # a batch of rows is one line
