@@ -20,7 +20,7 @@ tokens, 20 ms apart). Per loop and workload, the medians over rounds of:
 The ratios (batched ÷ eager) are the result. The run's ``result.client`` health is kept too.
 
 ``jitter``: what batching costs in precision. A sender process writes 8-byte messages, each
-holding its ``perf_counter_ns`` just before the send, on 16 loopback connections at
+holding its ``perf_counter_ns`` just before the send, on 64 loopback connections at
 exponential gaps (mean 10 ms per connection, so some of one connection's messages come close
 together); the reader stamps each read with the kernel (our ``StampedSocket``). Per loop
 (eager, the default window, 1 and 2 ms): P50/P99/P99.9/max of stamp − sent and the share over
@@ -131,7 +131,7 @@ for at, i in sorted(due):
 
 
 def jitter_once(
-    window: float, streams: int = 16, mean: float = 0.010, seconds: float = 3.0
+    window: float, streams: int = 64, mean: float = 0.010, seconds: float = 3.0
 ) -> list[int]:
     """Stamp − sent (ns) of every message, on a loop of ``window`` (0: asyncio's own)."""
     loop = batching.new_event_loop(window)

@@ -6,16 +6,16 @@ pays for inside its ``send`` (on one host, that is the server under test, on its
 protocol hands each read to its stream's consumer inside the read's callback (see
 ``_protocol``), so the loop is done with one read before the next segment comes and goes back
 to blocking: with many streams open, it is woken once per segment. On the test bed, 64
-streams flat out, 65,536 tokens on 2 cores: asyncio's loop blocked about 15,000 times, this
-one about 2,100; the client used 18 % less CPU, the server 14 % less, and the tokens came
-13 % faster (``benchmarks/bench_batching.py``).
+streams flat out, 65,536 tokens on 2 cores: asyncio's loop blocked about 14,600 times, this
+one about 2,900; the client used 15 % less CPU, the server 13 % less, and the tokens came
+14 % faster (``benchmarks/bench_batching.py``).
 
 :class:`BatchingSelector` keeps the loop eager and changes one thing. When the loop is about to
 block, and its last select found three or more descriptors ready less than the *wait* ago, it
 first sleeps out the rest of the wait, then takes everything that arrived meanwhile in one
 call. Nobody waits on the stream sockets while it sleeps, so the senders' writes wake no one.
 
-* The wait is at most ``window`` (0.5 ms by default), and at most half the shortest gap seen
+* The wait is at most ``window`` (0.25 ms by default), and at most half the shortest gap seen
   lately between two arrivals on one descriptor.
 * A wait that gathered fewer than three descriptors is not repeated until a select finds
   several again: a wait costs about one wake, so it must save two. Paced streams that arrive
@@ -30,9 +30,10 @@ stamps, taken when each segment came, not when it was read, so a read that waite
 timed right. One thing a wait can do is read two segments of one stream together, when the
 second came during it: the first then carries the second's stamp, at most the wait late, and
 the waterfall flags it (``shared_read_chunks``). Measured (``bench_batching.py``, ``jitter``:
-16 connections, exponential gaps of 10 ms mean), stamp − send P99 / P99.9: 20 / 57 µs on
-asyncio's loop, 9 / 174 µs on this one at 0.5 ms. What else moves is when bytes are handled:
-up to the wait later (the read lag shows it), and a closed-loop user's next request with them.
+64 connections, exponential gaps of 10 ms mean), stamp − send P99 / P99.9: 3.6 / 31 µs on
+asyncio's loop, 6.1 / 33 µs on this one at 0.25 ms, 7.3 / 398 µs at 2 ms. What else moves is
+when bytes are handled: up to the wait later (the read lag shows it), and a closed-loop
+user's next request with them.
 
 Linux only (``epoll`` and a ``timerfd`` for a sleep finer than a millisecond); elsewhere
 :func:`new_event_loop` gives asyncio's own loop.
@@ -57,7 +58,7 @@ __all__ = ["DEFAULT_WINDOW", "BatchingSelector", "new_event_loop", "run"]
 T = TypeVar("T")
 
 #: The longest a read waits by default, in seconds.
-DEFAULT_WINDOW = 0.0005
+DEFAULT_WINDOW = 0.00025
 
 #: Descriptors a select must find ready for the next blocking one to wait first (and a wait
 #: must gather to be repeated): a wait costs about one wake-up, so it pays when it saves two.

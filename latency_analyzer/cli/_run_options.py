@@ -79,7 +79,7 @@ def add_request_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         metavar="SECONDS",
         help="the longest a busy stream's read may wait to be batched with others' (default "
-        "0.0005, at most 0.005; 0: read each at once). Arrival times are the kernel's stamps "
+        "0.00025, at most 0.005; 0: read each at once). Arrival times are the kernel's stamps "
         "either way",
     )
     p.add_argument(

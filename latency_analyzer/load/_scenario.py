@@ -195,7 +195,7 @@ class Scenario:
     dataset: Mapping[str, Any] | None = None
     trace: Mapping[str, Any] | None = None
     tokenizer: str | None = None
-    read_batching: float = 0.0005
+    read_batching: float = 0.00025
 
     def __post_init__(self) -> None:
         if self.mode not in _MODES:
