@@ -34,6 +34,7 @@ from typing import Any
 
 import latency_analyzer as la
 from latency_analyzer.capture import _wire
+from latency_analyzer.load._monitor import schedstat
 from latency_analyzer.testing import LLMServer
 from latency_analyzer.testing._priority import realtime
 from latency_analyzer.testing.pcap import Flow, PacketCapture, tcpdump_missing
@@ -137,9 +138,9 @@ async def streams_vs_capture(streams: int, tokens: int, on: bool) -> dict[str, A
                     body = {**BODY, "messages": [{"role": "user", "content": f"stream-{i}"}]}
                     return await client.request("/v1/chat/completions", json=body)
 
-                cpu0, wait0 = _schedstat()
+                cpu0, wait0 = schedstat() or (None, None)
                 wfs = await asyncio.gather(*(one(i) for i in range(streams)))
-                cpu1, wait1 = _schedstat()
+                cpu1, wait1 = schedstat() or (None, None)
     flows = {}
     for flow in cap.flows():
         found = re.search(rb"stream-(\d+)", flow.data("out"))
@@ -176,16 +177,6 @@ async def streams_vs_capture(streams: int, tokens: int, on: bool) -> dict[str, A
         ),
         "last_token_share_of_errors_over_200us": _last_share(wfs, flows),
     }
-
-
-def _schedstat() -> tuple[int | None, int | None]:
-    """This thread's time on a CPU and waiting for one, ns (Linux schedstat), or Nones."""
-    try:
-        with open("/proc/thread-self/schedstat") as f:
-            on_cpu, waiting, _ = f.read().split()
-    except (OSError, ValueError):
-        return None, None
-    return int(on_cpu), int(waiting)
 
 
 def _last_share(wfs: list[la.Waterfall], flows: dict[int, Flow]) -> float | None:

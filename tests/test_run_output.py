@@ -23,7 +23,7 @@ from latency_analyzer.load._monitor import (
     busy_share,
     cpu_times,
     host_times,
-    run_delay_ns,
+    schedstat,
     steal_share,
 )
 from latency_analyzer.load._progress import ProgressLine
@@ -140,7 +140,7 @@ def _monitored(work: Callable[[], None]) -> ClientHealth:
     return asyncio.run(main())
 
 
-@pytest.mark.skipif(run_delay_ns() is None, reason="the kernel gives no run-queue delay here")
+@pytest.mark.skipif(schedstat() is None, reason="the kernel gives no run-queue delay here")
 def test_the_self_check_tells_a_cpu_taken_by_others_from_a_blocked_loop() -> None:
     """Ground truth injected both ways: three processes spinning on the loop's CPU (all
     pinned to one, so the loop's thread has a quarter of it and waits on the run queue the

@@ -120,13 +120,14 @@ def steal_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -
     return (after[0] - before[0]) / (after[1] - before[1])
 
 
-def run_delay_ns() -> int | None:
-    """How long the calling thread has waited on a run queue for a CPU, in all, in ns
+def schedstat() -> tuple[int, int] | None:
+    """The calling thread's time on a CPU and on a run queue waiting for one, in all, in ns
     (``/proc/thread-self/schedstat``; None where the kernel does not say)."""
     try:
         with open("/proc/thread-self/schedstat", "rb") as f:
-            return int(f.read().split()[1])
-    except (OSError, ValueError, IndexError):
+            on_cpu, waited = f.read().split()[:2]
+        return int(on_cpu), int(waited)
+    except (OSError, ValueError):
         return None
 
 
@@ -172,14 +173,14 @@ class LoopMonitor:
 
     async def _sample(self) -> None:
         tick = round(_TICK_S * 1e9)
-        waited = run_delay_ns()
+        stat = schedstat()
         while True:
             t = time.perf_counter_ns()
             await asyncio.sleep(_TICK_S)
             self.lags_ns.append(max(0, time.perf_counter_ns() - t - tick))
-            before, waited = waited, run_delay_ns()
+            before, stat = stat, schedstat()
             # -1: not known (the lists stay in step, sample by sample)
-            self.waits_ns.append(-1 if before is None or waited is None else waited - before)
+            self.waits_ns.append(-1 if before is None or stat is None else stat[1] - before[1])
 
     def health(
         self, pacer: Pacer | None, read_lags_s: tuple[list[float], list[float]] | None = None

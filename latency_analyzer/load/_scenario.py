@@ -21,15 +21,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..capture.batching import DEFAULT_WINDOW
 from ..errors import UsageError
 from ._checks import check_headers, check_modes
 from ._dists import ARRIVALS, Dist, dist, synthetic_prompt
+from ._monitor import LOOP_LAG_LIMIT_S
 
 __all__ = ["Scenario", "Template", "kind_of"]
 
 _MODES = ("closed", "open")
 _APIS = ("chat", "completions")
-_READ_BATCHING_MAX = 0.005  # seconds; half the self-check's read-lag limit
+_READ_BATCHING_MAX = LOOP_LAG_LIMIT_S / 2  # a wait alone never makes the reads lag past it
 
 
 @dataclass(frozen=True)
@@ -164,8 +166,7 @@ class Scenario:
             read wait while other streams are busy, so that it takes their arrivals in one
             wake-up instead of one each (see :mod:`latency_analyzer.capture.batching`). The
             arrival times are the kernel's stamps either way; 0 reads each at once, as
-            asyncio does. At most 0.005: the self-check calls a client whose reads lag 10 ms
-            saturated.
+            asyncio does. At most half the self-check's read-lag limit (0.005 of 0.010).
     """
 
     url: str
@@ -195,7 +196,7 @@ class Scenario:
     dataset: Mapping[str, Any] | None = None
     trace: Mapping[str, Any] | None = None
     tokenizer: str | None = None
-    read_batching: float = 0.00025
+    read_batching: float = DEFAULT_WINDOW
 
     def __post_init__(self) -> None:
         if self.mode not in _MODES:
