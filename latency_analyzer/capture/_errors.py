@@ -8,6 +8,7 @@ import ssl
 import aiohttp
 
 from ..timeline import Recorder
+from ._chunked import ChunkedBodyError
 from ._state import open_stage
 from .http2 import HTTP2Refused, HTTP2SettleTimeout
 
@@ -53,6 +54,8 @@ def classify(exc: BaseException, recorder: Recorder, timeout: float | None) -> t
         return "timeout", f"no complete response within {timeout} s (timed out during {where})"
     if isinstance(exc, aiohttp.ServerDisconnectedError) and recorder.headers_ns is None:
         return "disconnected", "server closed the connection before sending response headers"
+    if isinstance(exc, aiohttp.ClientPayloadError) and isinstance(exc.__cause__, ChunkedBodyError):
+        return "protocol", f"invalid HTTP response: {exc}"
     if isinstance(exc, (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError)):
         cause = exc.__cause__ or exc.__context__
         detail = f" ({type(cause).__name__}: {cause})" if cause else ""

@@ -4,7 +4,9 @@
 that left nothing buffered; response headers and body bytes carry the kernel's receive stamp
 of the read that brought them (see :mod:`.connector`). A stream's body is handed to its
 consumer inside the callback of the read that brought it (:meth:`TimedProtocol.stream_to`),
-so its reader is woken once, at the end, not for every chunk.
+so its reader is woken once, at the end, not for every chunk. A chunked body with no content
+coding is decoded here (:mod:`._chunked`), not by aiohttp's parser, which is given the header
+section and the last chunk only.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from aiohttp import ClientPayloadError, StreamReader
 from aiohttp.client_proto import ResponseHandler
 
 from ..timeline import TcpInfo, TlsInfo
+from ._chunked import ChunkedBody, ChunkedBodyError
 from ._consume import ResponseConsumer
 from ._hold import Hold
 from ._state import RequestState, now_ns
@@ -139,6 +142,9 @@ class TimedProtocol(ResponseHandler):
         self._sink_payload: object = None
         self._pushing = False  # inside _push: a read made re-entrantly is drained by it
         self._read_t = 0  # the latest read's arrival time
+        # a response's header bytes so far, while its headers are awaited (None: not looked for)
+        self._head: bytes | None = None
+        self._chunks: ChunkedBody | None = None  # a chunked body decoded here (_body_read)
         # HTTP/2 hand-over at connection_made (the handshake's end), before asyncio and
         # aiohttp return the connection to the connector: the request leaves ~0.4 ms sooner
         self.on_made: Callable[[TimedProtocol, asyncio.Transport], None] | None = None
@@ -175,6 +181,7 @@ class TimedProtocol(ResponseHandler):
         self.last_write_ns = 0
         self.backlog = False
         self._forget_response()
+        self._head, self._chunks = b"", None
         wire = self.wire
         if wire is not None:
             wire.first_send_ns = None  # WireStamps.mark_request, inline: every request
@@ -253,9 +260,101 @@ class TimedProtocol(ResponseHandler):
             else:
                 ResponseHandler.data_received(self, data)
             return
+        if not data:  # aiohttp resuming its parser, not a read
+            self._parse(data, t, state)
+            return
+        if wire is not None:
+            state.recorder.read(t, wire.read_user_ns, wire.read_stamped, wire.refused)
+        chunks = self._chunks
+        if chunks is not None:  # a chunked body, decoded here: every read of a stream
+            self._body_read(chunks, data, t, state)
+            return
+        if self._head is None:
+            self._parse(data, t, state)
+            return
+        cut = self._header_end(data)
+        if cut < 0:
+            self._parse(data, t, state)
+            return
+        # the read that ends the headers: the parser gets them alone, then, for a chunked
+        # body, it is decoded here, and the parser is given its end only
+        head, self._head = self._head, None
+        self._parse(data[:cut] if cut < len(data) else data, t, state)
+        rest = data[cut:]
+        if rest and state.recorder.headers_ns is not None:  # the stamp: maybe the body's
+            state.recorder.attributes["headers_read_with_body"] = True
+        payload = self._payload
+        if (
+            payload is not None
+            and not payload.is_eof()
+            and not getattr(self, "_read_timeout", None)  # aiohttp re-arms it on each read
+            and _chunked_only(head)
+        ):
+            self._chunks = chunks = ChunkedBody()
+            if rest:
+                self._body_read(chunks, rest, t, state)
+        elif rest:
+            self._parse(rest, t, state)
+
+    def _header_end(self, data: bytes) -> int:
+        """Where in ``data`` the response's header section ends (-1: not in it). The section
+        so far is kept in ``_head``, up to aiohttp's own limit on it: past that, or when
+        an interim response (1xx) ends first, the parser is left to it alone."""
+        head = self._head + data if self._head else data
+        end = head.find(b"\r\n\r\n")
+        if end < 0:
+            self._head = head if len(head) <= _MAX_HEAD else None
+            return -1
+        if head[9:10] == b"1":  # "HTTP/1.1 1xx": what follows is another response's head
+            self._head = None
+            return -1
+        self._head = head[: end + 4]
+        return end + 4 - (len(head) - len(data))
+
+    def _body_read(self, chunks: ChunkedBody, data: bytes, t: int, state: RequestState) -> None:
+        """A read of a chunked body: its bytes to the stream's consumer, or to the response's
+        reader until one is attached; the last chunk and what follows to aiohttp's parser."""
+        payload = self._payload
+        try:
+            body, end = chunks.feed(data)
+        except ChunkedBodyError as exc:
+            self._chunks = None
+            self._broken_body(exc)
+            return
+        if body and payload is not None:
+            sink = self._sink
+            if sink is not None and payload is self._sink_payload:
+                self._read_t = t
+                if payload.exception() is None:
+                    try:
+                        sink.feed(body, t)
+                    except Exception as exc:  # fails the stream's reader, not this callback
+                        payload.set_exception(exc)
+            elif not payload.is_eof() and payload.exception() is None:
+                # as aiohttp's parser would feed it: the reader counts chunks
+                payload.begin_http_chunk_receiving()
+                payload.feed_data(body)
+                payload.end_http_chunk_receiving()
+                self._mark(payload, t)
+        if end is not None:  # the last chunk: the parser ends the message (its trailers too)
+            self._chunks = None
+            self._parse(end, t, state)
+
+    def _broken_body(self, exc: ChunkedBodyError) -> None:
+        """A chunked body whose framing broke: its reader fails, the connection is closed."""
+        cut = ClientPayloadError(f"malformed chunked body: {exc}")
+        cut.__cause__ = exc
+        payload = self._payload
+        if payload is not None and not payload.is_eof() and payload.exception() is None:
+            payload.set_exception(cut, exc)
+        self.set_exception(cut, exc)  # and aiohttp no longer reuses the connection
+        transport = self.transport
+        if transport is not None:
+            transport.close()
+
+    def _parse(self, data: bytes, t: int, state: RequestState) -> None:
+        """``data`` through aiohttp's parser; the headers' and the body's arrival noted."""
         rec = state.recorder
-        if wire is not None and data:  # b"": aiohttp resuming its parser, not a read
-            rec.read(t, wire.read_user_ns, wire.read_stamped, wire.refused)
         before = self._payload
         ResponseHandler.data_received(self, data)  # one per read: not through super()
         # a response that ended in this read on a connection that closes after it has had
@@ -278,6 +377,12 @@ class TimedProtocol(ResponseHandler):
             if state.body_end_ns is None and payload.is_eof():
                 state.body_end_ns = t
             return
+        self._mark(payload, t)
+        if state.body_end_ns is None and payload.is_eof():
+            state.body_end_ns = t
+
+    def _mark(self, payload: StreamReader, t: int) -> None:
+        """Note that the body of ``payload`` received so far had all come at ``t``."""
         marks = self._marks
         if payload is not self._marked_payload:
             self._marked_payload, self._marks = payload, []
@@ -285,8 +390,6 @@ class TimedProtocol(ResponseHandler):
         received = payload.total_bytes
         if not marks or received > marks[-1][0]:
             marks.append((received, t))
-        if state.body_end_ns is None and payload.is_eof():
-            state.body_end_ns = t
 
     def connection_lost(self, exc: BaseException | None) -> None:
         # A body without length framing is read until the connection ends, and aiohttp ends it
@@ -368,6 +471,25 @@ class TimedProtocol(ResponseHandler):
         if pos < end:  # bytes no data_received stamped (cannot happen): the read time is next best
             pieces.append((data[pos - offset :], now_ns()))
         return pieces
+
+
+_MAX_HEAD = 65536  # a header section's bytes kept while it comes: past this, aiohttp's limits rule
+
+
+def _chunked_only(head: bytes) -> bool:
+    """Whether a response's header section says its body is chunked, and only that: one
+    ``Transfer-Encoding: chunked``, no content coding, no folded line (what aiohttp would
+    decode otherwise is left to it)."""
+    te: list[bytes] = []
+    for line in head.lower().split(b"\r\n")[1:]:
+        if line[:1] in (b" ", b"\t"):
+            return False
+        name, _, value = line.partition(b":")
+        if name == b"transfer-encoding":
+            te.append(value.strip(b" \t"))
+        elif name == b"content-encoding" and value.strip(b" \t") not in (b"", b"identity"):
+            return False
+    return te == [b"chunked"]
 
 
 def _sent_ns(wire: WireStamps | None) -> int:
