@@ -194,7 +194,7 @@ class Context:
     out: Path  # a fresh directory for this run's files
     tokenizer: Path
     python: Path  # the tool's interpreter
-    workers: int
+    workers: int | None  # ours: None leaves --workers to the CLI ('auto')
 
 
 def ms(x: float) -> float:
@@ -219,6 +219,8 @@ def cmd_ours(w: Workload, ctx: Context) -> list[str]:
     scenario.write_text("\n".join(lines) + "\n")
     exe = Path(sys.executable).parent / "latency-analyzer"
     run = [str(exe), "run", str(scenario), "--out", str(ctx.out / "run.jsonl"), "--json"]
+    if ctx.workers is None:  # what a user gets: the CLI's own choice
+        return run
     workers = min(ctx.workers, w.concurrency or ctx.workers)  # closed-loop users split
     return [*run, "--workers", str(workers)]
 
@@ -697,7 +699,9 @@ def main() -> None:
     parser.add_argument(
         "--peers", default=",".join(PEERS), help="'' for ours alone. Default: %(default)s"
     )
-    parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument(
+        "--workers", type=int, default=None, help="ours: worker processes (default: the CLI's auto)"
+    )
     parser.add_argument("--only", help="comma-separated workloads to run (default: all)")
     args = parser.parse_args()
     asked = [name for name in args.peers.split(",") if name]
@@ -735,7 +739,7 @@ def main() -> None:
         "benchmark": "peers",
         "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
-        "workers": args.workers,
+        "workers": args.workers or "auto",
         "wall_s": round(time.perf_counter() - started, 1),
         "workloads": [asdict(w) for w in chosen],
         "peers": status,

@@ -21,6 +21,7 @@ from latency_analyzer.analysis import WaterfallSet
 from latency_analyzer.cli import main
 from latency_analyzer.load import Scenario, run
 from latency_analyzer.load.distributed import DistributedResult, auto_workers, usable_cores
+from latency_analyzer.load.distributed._local import RATE_PER_WORKER, STREAMS_PER_WORKER
 from latency_analyzer.testing import SubprocessLLMServer
 
 CHAT = "/v1/chat/completions"
@@ -106,11 +107,23 @@ def test_options_a_process_cannot_share_are_refused() -> None:
         asyncio.run(run(sc.replace(concurrency=1), workers=2))
 
 
-def test_auto_workers_is_the_usable_cores_as_far_as_the_scenario_splits() -> None:
+def test_auto_workers_is_the_usable_cores_as_far_as_the_load_needs_and_splits() -> None:
     url = "http://127.0.0.1:9" + CHAT
+    cores = usable_cores()
+    assert cores == len(os.sched_getaffinity(0))
     assert auto_workers(Scenario(url, concurrency=1, requests=9)) == 1
     many = Scenario(url, concurrency=1000, requests=10_000)
-    assert auto_workers(many) == usable_cores() == len(os.sched_getaffinity(0))
+    assert auto_workers(many) == min(cores, 8)
+    # a load one process keeps up with stays in one (and pays one start-up)
+    assert auto_workers(Scenario(url, concurrency=STREAMS_PER_WORKER, requests=999)) == 1
+    assert auto_workers(Scenario(url, concurrency=STREAMS_PER_WORKER + 1, requests=999)) == min(
+        cores, 2
+    )
+    open_loop = Scenario(url, mode="open", rate=RATE_PER_WORKER, requests=999)
+    assert auto_workers(open_loop) == 1
+    assert auto_workers(open_loop.replace(rate=RATE_PER_WORKER * 3)) == min(cores, 3)
+    burst = open_loop.replace(arrival="burst", requests=STREAMS_PER_WORKER * 2)
+    assert auto_workers(burst) == min(cores, 2)
 
 
 def test_cli_run_with_workers_writes_one_merged_file(

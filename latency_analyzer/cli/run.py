@@ -114,7 +114,8 @@ def add_run_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
         default="auto",
         metavar="N",
         help="processes sharing the load (Ray workers with --ray); 'auto': the usable cores, "
-        "as far as the scenario can be split. Default: %(default)r",
+        "as far as the load needs them (one per 128 users, per 150 arrivals/s) and the "
+        "scenario can be split. Default: %(default)r",
     )
     p.set_defaults(func=cmd_run)
 
@@ -133,7 +134,8 @@ def _workers(text: str) -> int | str:
 
 def _local_workers(args: argparse.Namespace, sc: Scenario) -> int:
     """Worker processes for a run here: a given count, or 'auto' (the usable cores, as far as
-    the scenario splits); a scrape or a fault-injection hook keeps the run in one process."""
+    the load needs them and the scenario splits); a scrape or a fault-injection hook keeps
+    the run in one process."""
     if args.scrape:
         return 1
     return auto_workers(sc) if args.workers == "auto" else int(args.workers)

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import math
 import os
 import sys
 from typing import Any
@@ -33,9 +34,27 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+#: What one worker process keeps up with, healthy, on a 2-core machine that also runs the
+#: server under test (20 ms per token, 64 tokens; ``docs/load.md``): 128 closed-loop users
+#: read with loop lag P99 3.5 ms (two processes: 8.0 ms), 150 arrivals per second with 1.4 ms
+#: (1.7 ms). A second process there cost its start-up and half as much CPU again per token.
+STREAMS_PER_WORKER = 128
+RATE_PER_WORKER = 150.0
+
+
 def auto_workers(sc: Scenario) -> int:
-    """The default worker count: the usable cores, as far as ``sc`` can be shared out."""
-    return splittable(sc, usable_cores())
+    """The default worker count: the usable cores, as far as the load needs them (one per
+    :data:`STREAMS_PER_WORKER` closed-loop users, one per :data:`RATE_PER_WORKER` arrivals a
+    second) and ``sc`` can be shared out."""
+    need = usable_cores()
+    if sc.mode == "closed":
+        need = min(need, -(-sc.concurrency // STREAMS_PER_WORKER))
+    elif sc.arrival == "burst":  # every request at once: as many users
+        if sc.requests is not None:
+            need = min(need, -(-sc.requests // STREAMS_PER_WORKER))
+    elif sc.rate is not None:
+        need = min(need, math.ceil(sc.rate / RATE_PER_WORKER))
+    return splittable(sc, max(1, need))
 
 
 class _ProcessHandle:
