@@ -70,6 +70,8 @@ def test_any_cut_of_the_framing_gives_the_body_and_the_end(
         (b"1" * 17 + b"\r\n", "bad chunk size line"),
         (b"2\r\nabXY", "did not end with CRLF"),
         (b"2\r\nab\rX", "did not end with CRLF"),
+        (b"5;a\x00\r\n", "bad chunk size line"),
+        (b"5;a\nb\r\n", "bad chunk size line"),
         (b"1" * (MAX_SIZE_LINE + 1), "longer than"),
         (b"1;" + b"e" * MAX_SIZE_LINE + b"\r\n", "longer than"),
     ],
@@ -81,6 +83,20 @@ def test_broken_framing_is_refused_with_where(wire: bytes, why: str) -> None:
     with pytest.raises(ChunkedBodyError, match=why):  # and however the reads cut it
         for i in range(len(wire)):
             decoder.feed(wire[i : i + 1])
+
+
+def test_what_aiohttp_accepts_is_accepted_and_a_break_keeps_what_came() -> None:
+    # a bare LF after a chunk's data, and leading zeros past sixteen digits
+    assert _decode(b"5\r\nhello\n%017x\r\nab\r\n0\r\n\r\n" % 2, []) == (
+        b"helloab",
+        b"0\r\n\r\n",
+    )
+    decoder = ChunkedBody()
+    with pytest.raises(ChunkedBodyError) as broken:
+        decoder.feed(b"5\r\nhello\r\n3\r\nab")  # fine so far
+        decoder.feed(b"c\r\n2\r\nxy\r\nzz\r\n")
+    assert broken.value.body == b"cxy"  # the read's whole chunks and parts, before the break
+    assert decoder.received == 10
 
 
 def test_a_size_the_server_claims_sizes_nothing() -> None:
@@ -208,6 +224,23 @@ async def test_broken_framing_mid_stream_keeps_the_tokens_and_the_connection_is_
     assert failed.status == 200 and len(failed.chunk_times_ns) == 2
     assert after.ok and not after.connection.reused
     assert server.connections == 2
+
+
+@pytest.mark.parametrize(
+    "end", [b"0\r\nnot a field\r\n\r\n", b"zz\r\n"], ids=["bad-trailer", "bad-size"]
+)
+async def test_a_break_in_the_read_of_the_last_tokens_keeps_them_and_fails_at_once(
+    end: bytes,
+) -> None:
+    broken = [(HEAD + _framed(EVENTS[:1]), 0.01), (_framed(EVENTS[1:3]) + end, 0.0)]
+    async with ScriptServer([broken]) as server, la.Client(server.url) as client:
+        wf = await client.request("/v1/chat/completions", json=BODY, timeout=30)
+    assert_exact(wf)
+    # a bad trailer is aiohttp's parser's to refuse: its pure-Python one fails the body
+    # itself (a cut body, "reset"); for its C one, which fails only its queue, we do
+    assert wf.error_type == "protocol" or (end.startswith(b"0") and wf.error_type == "reset")
+    assert len(wf.chunk_times_ns) == 3  # the two that came with the break too
+    assert wf.e2e < 5.0  # failed when it broke, not at the request's timeout (30 s)
 
 
 async def test_a_cut_connection_mid_chunk_is_a_cut_body() -> None:

@@ -16,6 +16,8 @@ not end in CRLF raises :class:`ChunkedBodyError`.
 
 from __future__ import annotations
 
+import re
+
 __all__ = ["MAX_SIZE_LINE", "ChunkedBody", "ChunkedBodyError"]
 
 MAX_SIZE_LINE = 4096  # a size and its extensions; llhttp's own limit is of this order
@@ -23,8 +25,20 @@ _HEX = b"0123456789abcdefABCDEF"
 _MAX_DIGITS = 16  # a 64-bit size: what llhttp accepts
 
 
+# what a size line may hold besides its digits: visible characters, spaces and tabs (no
+# control character: a CR, LF or NUL inside it is where two parsers would disagree)
+_LINE_TEXT = re.compile(rb"[\t\x20-\x7e\x80-\xff]*\Z")
+
+
 class ChunkedBodyError(ValueError):
-    """The body's chunked framing is broken: the message says where."""
+    """The body's chunked framing is broken: the message says where.
+
+    Attributes:
+        body: the body bytes the read held before the break (whole chunks and the part of
+            one that came), which are as good as any that came before.
+    """
+
+    body = b""
 
 
 def _size(line: bytes) -> int:
@@ -33,7 +47,8 @@ def _size(line: bytes) -> int:
     if 0 < len(line) <= _MAX_DIGITS and not line.strip(_HEX):  # digits only: every chunk
         return int(line, 16)
     digits = line.split(b";", 1)[0].rstrip(b" \t")
-    if not 0 < len(digits) <= _MAX_DIGITS or digits.strip(_HEX):
+    significant = digits.lstrip(b"0") or digits[:1]  # leading zeros are no part of the limit
+    if not 0 < len(significant) <= _MAX_DIGITS or digits.strip(_HEX) or not _LINE_TEXT.match(line):
         shown = line[:40].decode("ascii", "backslashreplace")
         raise ChunkedBodyError(f"bad chunk size line {shown!r}")
     return int(digits, 16)
@@ -67,6 +82,14 @@ class ChunkedBody:
         elif self._line:
             data, self._line = self._line + data, b""
         pieces: list[bytes] = []
+        try:
+            return self._decode(data, pieces)
+        except ChunkedBodyError as exc:
+            exc.body = _joined(pieces) if pieces else b""
+            self.received += len(exc.body)
+            raise
+
+    def _decode(self, data: bytes, pieces: list[bytes]) -> tuple[bytes, bytes | None]:
         pos, end = 0, len(data)
         while pos < end:
             left = self._left
@@ -80,6 +103,8 @@ class ChunkedBody:
                 self._left, self._crlf, pos = 0, b"\r\n", stop
             crlf = self._crlf
             if crlf:  # the CRLF that closes a chunk's data
+                if crlf == b"\r\n" and data[pos : pos + 1] == b"\n":  # a bare LF: aiohttp's too
+                    crlf = b"\n"
                 got = data[pos : pos + len(crlf)]
                 if not crlf.startswith(got):
                     raise ChunkedBodyError("a chunk's data did not end with CRLF")

@@ -315,12 +315,11 @@ class TimedProtocol(ResponseHandler):
         """A read of a chunked body: its bytes to the stream's consumer, or to the response's
         reader until one is attached; the last chunk and what follows to aiohttp's parser."""
         payload = self._payload
+        broken: ChunkedBodyError | None = None
         try:
             body, end = chunks.feed(data)
-        except ChunkedBodyError as exc:
-            self._chunks = None
-            self._broken_body(exc)
-            return
+        except ChunkedBodyError as exc:  # what came before the break is kept
+            broken, body, end = exc, exc.body, None
         if body and payload is not None:
             sink = self._sink
             if sink is not None and payload is self._sink_payload:
@@ -336,9 +335,15 @@ class TimedProtocol(ResponseHandler):
                 payload.feed_data(body)
                 payload.end_http_chunk_receiving()
                 self._mark(payload, t)
-        if end is not None:  # the last chunk: the parser ends the message (its trailers too)
+        if broken is not None:
+            self._chunks = None
+            self._broken_body(broken)
+        elif end is not None:  # the last chunk: the parser ends the message (its trailers too)
             self._chunks = None
             self._parse(end, t, state)
+            refused = self.exception()  # aiohttp's parser fails its queue, not the body
+            if payload is not None and not payload.is_eof() and refused is not None:
+                self._broken_body(ChunkedBodyError(f"the last chunk or its trailers: {refused}"))
 
     def _broken_body(self, exc: ChunkedBodyError) -> None:
         """A chunked body whose framing broke: its reader fails, the connection is closed."""
