@@ -276,9 +276,12 @@ class TimedProtocol(ResponseHandler):
         if cut < 0:
             self._parse(data, t, state)
             return
-        # the read that ends the headers: the parser gets them alone, then, for a chunked
-        # body, it is decoded here, and the parser is given its end only
         head, self._head = self._head, None
+        if not _chunked_only(head):  # a body aiohttp reads, in the read's one call
+            self._parse(data, t, state)
+            return
+        # a chunked body: the parser gets the headers alone, the body is decoded here, and
+        # the parser is given its end only
         self._parse(data[:cut] if cut < len(data) else data, t, state)
         rest = data[cut:]
         if rest and state.recorder.headers_ns is not None:  # the stamp: maybe the body's
@@ -288,7 +291,6 @@ class TimedProtocol(ResponseHandler):
             payload is not None
             and not payload.is_eof()
             and not getattr(self, "_read_timeout", None)  # aiohttp re-arms it on each read
-            and _chunked_only(head)
         ):
             self._chunks = chunks = ChunkedBody()
             if rest:
@@ -485,6 +487,8 @@ def _chunked_only(head: bytes) -> bool:
     """Whether a response's header section says its body is chunked, and only that: one
     ``Transfer-Encoding: chunked``, no content coding, no folded line (what aiohttp would
     decode otherwise is left to it)."""
+    if b"hunked" not in head and b"HUNKED" not in head:  # most bodies: no need to look
+        return False
     te: list[bytes] = []
     for line in head.lower().split(b"\r\n")[1:]:
         if line[:1] in (b" ", b"\t"):
