@@ -17,7 +17,10 @@ it writes, and that log is the truth the tools are judged against. Workloads, to
 interleaved within each:
 
 * ``startup``: one request; its client CPU is each tool's fixed cost (imports, tokenizer,
-  dataset synthesis, worker start), subtracted from the others' ("marginal" CPU).
+  dataset synthesis, worker start), subtracted from the others' ("marginal" CPU). Ours
+  starts as many processes as its load needs (``--workers auto``), so it runs ``startup``
+  a second time over every usable core (``startup_multi``), and a run is charged the
+  start-up of as many processes as its file says it used.
 * ``flat_c64`` / ``flat_c256``: the server streams flat out (decode 0), 256 tokens per
   request, 64 / 256 concurrent streams. Output tokens/s is the server's (tokens written /
   first request received to last response finished), the same yardstick for every tool.
@@ -59,7 +62,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +115,9 @@ class Workload:
     # option, and the server's log leaves out the first as many it received: the first wave
     # of a closed loop, whose every request dials a new connection
     warmup: int = 0
+
+
+STARTUPS = ("startup", "startup_multi")  # fixed-cost runs, not workloads of their own
 
 
 def workloads(quick: bool) -> list[Workload]:
@@ -223,6 +229,13 @@ def cmd_ours(w: Workload, ctx: Context) -> list[str]:
         return run
     workers = min(ctx.workers, w.concurrency or ctx.workers)  # closed-loop users split
     return [*run, "--workers", str(workers)]
+
+
+def processes_of(run: Path) -> int:
+    """How many processes a run of ours had (its header lists its workers; none: one)."""
+    with run.open() as f:
+        meta = json.loads(f.readline()).get("meta") or {}
+    return max(1, len(meta.get("workers") or ()))
 
 
 def parse_ours(ctx: Context) -> dict[str, Any]:
@@ -576,6 +589,7 @@ def run_one(tool: str, w: Workload, ctx: Context) -> dict[str, Any]:
         row["client"] = parse(ctx)
         if tool == "ours":
             row["client"]["wire"] = wire_against_log(ctx.out / "run.jsonl", records)
+            row["processes"] = processes_of(ctx.out / "run.jsonl")
     except (OSError, KeyError, ValueError, IndexError, TypeError) as exc:
         tail = log.read_text(errors="replace").strip().splitlines()[-3:]
         row["client_error"] = f"{type(exc).__name__}: {exc}; log tail: {tail}"
@@ -591,10 +605,16 @@ def summarise(rows: list[dict[str, Any]], tools: list[str]) -> dict[str, Any]:
     table: dict[str, dict[str, Any]] = {}
     for tool in tools:
         start = by.get((tool, "startup"))
-        fixed = start["cpu_s"] if start else 0.0
+        starts = {
+            r.get("processes", 1): r["cpu_s"]
+            for (t, n), r in by.items()
+            if t == tool and n in STARTUPS
+        }
         for (t, name), r in by.items():
-            if t != tool or name == "startup":
+            if t != tool or name in STARTUPS:
                 continue
+            # the start-up of as many processes as the run had (ours: --workers auto)
+            fixed = starts.get(r.get("processes", 1), start["cpu_s"] if start else 0.0)
             srv, cli = r["server"], r.get("client")
             cell: dict[str, Any] = {"failed": cli["failed"] if cli else None}
             tokens = srv.get("tokens", 0)
@@ -732,6 +752,14 @@ def main() -> None:
             out.mkdir(parents=True)
             ctx = Context("", out, tokenizer, pythons[tool], args.workers)
             row = run_one(tool, w, ctx)
+            rows.append(row)
+            print(json.dumps(row), file=sys.stderr)
+        cores = len(os.sched_getaffinity(0))
+        if w.name == "startup" and "ours" in tools and args.workers is None and cores > 1:
+            out = runs_dir / "startup_multi-ours"
+            out.mkdir(parents=True)
+            ctx = Context("", out, tokenizer, pythons["ours"], cores)
+            row = run_one("ours", replace(w, name="startup_multi"), ctx)
             rows.append(row)
             print(json.dumps(row), file=sys.stderr)
     summary = summarise(rows, tools)
