@@ -746,6 +746,7 @@ def main() -> None:
     rows = []
     started = time.perf_counter()
     chosen = [w for w in workloads(args.quick) if not args.only or w.name in args.only.split(",")]
+    cores = len(os.sched_getaffinity(0))
     for w in chosen:
         for tool in tools:
             out = runs_dir / f"{w.name}-{tool}"
@@ -754,12 +755,13 @@ def main() -> None:
             row = run_one(tool, w, ctx)
             rows.append(row)
             print(json.dumps(row), file=sys.stderr)
-        cores = len(os.sched_getaffinity(0))
         if w.name == "startup" and "ours" in tools and args.workers is None and cores > 1:
             out = runs_dir / "startup_multi-ours"
             out.mkdir(parents=True)
             ctx = Context("", out, tokenizer, pythons["ours"], cores)
-            row = run_one("ours", replace(w, name="startup_multi"), ctx)
+            # a user and a request per core: as many worker processes as there are cores
+            multi = replace(w, name="startup_multi", concurrency=cores, requests=cores)
+            row = run_one("ours", multi, ctx)
             rows.append(row)
             print(json.dumps(row), file=sys.stderr)
     summary = summarise(rows, tools)

@@ -48,10 +48,10 @@ def auto_workers(sc: Scenario) -> int:
     second) and ``sc`` can be shared out."""
     need = usable_cores()
     if sc.mode == "closed":
-        need = min(need, -(-sc.concurrency // STREAMS_PER_WORKER))
+        need = min(need, math.ceil(sc.concurrency / STREAMS_PER_WORKER))
     elif sc.arrival == "burst":  # every request at once: as many users
         if sc.requests is not None:
-            need = min(need, -(-sc.requests // STREAMS_PER_WORKER))
+            need = min(need, math.ceil(sc.requests / STREAMS_PER_WORKER))
     elif sc.rate is not None:
         need = min(need, math.ceil(sc.rate / RATE_PER_WORKER))
     return splittable(sc, max(1, need))
