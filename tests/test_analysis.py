@@ -23,9 +23,12 @@ from latency_analyzer.analysis import (
     compare,
     fingerprint,
     gpu_cost,
+    mean_ci,
     percentile,
     percentile_ci,
+    percentiles_ci,
 )
+from latency_analyzer.analysis._stats import means_ci, means_samples
 
 MS = 1_000_000
 
@@ -101,6 +104,48 @@ def test_percentile_ci_narrows_with_n_and_is_seeded() -> None:
     assert (b.high - b.low) < (a.high - a.low) / 5
     assert percentile_ci(small, 95, seed=7) == percentile_ci(small, 95, seed=7)
     assert a.low <= a.value <= a.high and a.n == 200
+
+
+def test_mean_ci_covers_the_true_mean_and_columns_together_are_each_alone() -> None:
+    """The mean's bootstrap, resampled for several columns at once (one set of draws per
+    size), is each column's own bootstrap: the same draws a column alone gets, summed."""
+    rng = np.random.default_rng(3)
+    covered = 0
+    for trial in range(200):
+        est = mean_ci(rng.exponential(size=300), seed=trial)  # the true mean is 1
+        covered += est.low <= 1.0 <= est.high
+    assert 0.90 <= covered / 200 <= 0.995
+    cols = [rng.lognormal(size=170), rng.exponential(size=40), rng.lognormal(size=170)]
+    cols.append(rng.exponential(size=25_000))  # above 20,000: the normal approximation
+    for col, boot in zip(cols, means_samples(cols, 500, seed=9), strict=True):
+        alone = np.random.default_rng(9)
+        if col.size > 20_000:
+            sd = col.std(ddof=1) / math.sqrt(col.size)
+            expect = alone.normal(col.mean(), sd, size=500)
+        else:  # resampling by index, in the blocks the draws are taken in
+            block = max(1, 2_000_000 // col.size)
+            expect = np.concatenate(
+                [
+                    col[alone.integers(0, col.size, size=(min(block, 500 - s), col.size))].mean(1)
+                    for s in range(0, 500, block)
+                ]
+            )
+        np.testing.assert_allclose(boot, expect, rtol=1e-12)
+    together = means_ci([*cols, []], seed=4)
+    for est, col in zip(together, cols, strict=False):  # summed in another order: 1 ulp
+        alone_est = mean_ci(col, seed=4)
+        assert (est.value, est.n) == (alone_est.value, alone_est.n)
+        assert (est.low, est.high) == pytest.approx((alone_est.low, alone_est.high), rel=1e-12)
+    assert together[4].n == 0 and math.isnan(together[4].value)
+
+
+def test_percentile_cis_of_one_size_share_their_ranks_and_match_a_fresh_generator() -> None:
+    rng = np.random.default_rng(5)
+    a, b = rng.exponential(size=500), rng.lognormal(size=500)
+    for col in (a, b, a):  # the ranks are computed once for n=500, then reused
+        cached = percentiles_ci(col, (50, 99), seed=11)
+        fresh = percentiles_ci(col, (50, 99), seed=np.random.default_rng(11))
+        assert cached == fresh
 
 
 def test_log_histogram_merge_is_exact_and_bounded() -> None:

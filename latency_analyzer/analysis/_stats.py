@@ -12,6 +12,7 @@ its percentile-method interval needs only two more order statistics.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ __all__ = [
     "interval",
     "mean_ci",
     "mean_samples",
+    "means_ci",
+    "means_samples",
     "order_stats",
     "p_key",
     "percentile",
@@ -143,14 +146,10 @@ def percentiles_ci(
     n = arr.size
     if n == 0:
         return {p: Estimate(math.nan, math.nan, math.nan, 0, confidence) for p in ps}
-    rng = np.random.default_rng(seed)
-    alpha = (1 - confidence) / 2
-    i_lo = math.floor(alpha * (resamples - 1))
-    i_hi = math.ceil((1 - alpha) * (resamples - 1))
-    ranks: list[int] = []
-    for p in ps:
-        boot = np.sort(bootstrap_indices(n, p, resamples, rng))
-        ranks += [nearest_rank(p, n), int(boot[i_lo]), int(boot[i_hi])]
+    if isinstance(seed, np.random.Generator):  # its draws go on from where they are
+        ranks = _ci_ranks(n, tuple(ps), confidence, resamples, seed)
+    else:
+        ranks = _ci_ranks_of_seed(n, tuple(ps), confidence, resamples, seed)
     stats = order_stats(arr, np.array(ranks, dtype=np.int64))
     return {
         p: Estimate(
@@ -158,6 +157,28 @@ def percentiles_ci(
         )
         for i, p in enumerate(ps)
     }
+
+
+def _ci_ranks(
+    n: int, ps: tuple[float, ...], confidence: float, resamples: int, rng: np.random.Generator
+) -> tuple[int, ...]:
+    """Per percentile: its rank and its interval's two ranks in n sorted values. They depend
+    on n alone, not on the values: a summary's columns of one size share them."""
+    alpha = (1 - confidence) / 2
+    i_lo = math.floor(alpha * (resamples - 1))
+    i_hi = math.ceil((1 - alpha) * (resamples - 1))
+    ranks: list[int] = []
+    for p in ps:
+        boot = np.sort(bootstrap_indices(n, p, resamples, rng))
+        ranks += [nearest_rank(p, n), int(boot[i_lo]), int(boot[i_hi])]
+    return tuple(ranks)
+
+
+@functools.lru_cache(maxsize=256)
+def _ci_ranks_of_seed(
+    n: int, ps: tuple[float, ...], confidence: float, resamples: int, seed: int
+) -> tuple[int, ...]:
+    return _ci_ranks(n, ps, confidence, resamples, np.random.default_rng(seed))
 
 
 def percentile_ci(
@@ -183,24 +204,54 @@ def percentile_ci(
 def mean_samples(
     values: npt.ArrayLike, resamples: int = 2000, seed: int | np.random.Generator = 0
 ) -> FloatArray:
-    """Bootstrap distribution of the mean.
+    """Bootstrap distribution of the mean: one value per resample (for ratios and sums).
 
-    Small samples are resampled (vectorised, in blocks); above 20,000 values the normal
+    Small samples are resampled (see :func:`means_samples`); above 20,000 values the normal
     approximation N(mean, s²/n) is used, which the bootstrap converges to there anyway.
     """
-    arr = np.asarray(values, dtype=np.float64)
-    rng = np.random.default_rng(seed)
-    n = arr.size
-    if n == 0:
-        return np.full(resamples, np.nan)
-    if n > 20_000:
-        sd = float(arr.std(ddof=1)) / math.sqrt(n) if n > 1 else 0.0
-        return np.asarray(rng.normal(float(arr.mean()), sd, size=resamples), dtype=np.float64)
-    out = np.empty(resamples)
-    block = max(1, 2_000_000 // n)
-    for start in range(0, resamples, block):
-        m = min(block, resamples - start)
-        out[start : start + m] = arr[rng.integers(0, n, size=(m, n))].mean(axis=1)
+    return means_samples([np.asarray(values, dtype=np.float64)], resamples, seed)[0]
+
+
+def means_samples(
+    columns: Sequence[FloatArray], resamples: int = 2000, seed: int | np.random.Generator = 0
+) -> list[FloatArray]:
+    """:func:`mean_samples` of several columns, resampled together where their sizes agree.
+
+    A resample of n values is a row of n draws; what the mean needs of it is how often each
+    value was drawn. Those counts, one row per resample, times the values gives every
+    resample's sum, for all the columns of that size at once: one set of draws and one
+    product, where resampling each column's values by index costs a draw and a gather per
+    column. The draws are the ones a column alone would get from the same seed, so a column's
+    distribution does not depend on what it is summarised with. The product is ``einsum``'s
+    own loop: a BLAS call would start threads that go on spinning on the cores a run's
+    traffic needs.
+    """
+    out: list[FloatArray] = [np.full(resamples, np.nan) for _ in columns]
+    by_size: dict[int, list[int]] = {}
+    for i, col in enumerate(columns):
+        by_size.setdefault(int(col.size), []).append(i)
+    for n, which in by_size.items():
+        if n == 0:
+            continue
+        rng = np.random.default_rng(seed)
+        if n > 20_000:
+            for i in which:
+                arr = columns[i]
+                sd = float(arr.std(ddof=1)) / math.sqrt(n)
+                out[i] = np.asarray(rng.normal(float(arr.mean()), sd, size=resamples))
+                rng = np.random.default_rng(seed)
+            continue
+        values = np.stack([np.asarray(columns[i], dtype=np.float64) for i in which], axis=1)
+        sums = np.empty((resamples, len(which)))
+        block = max(1, 2_000_000 // n)
+        for start in range(0, resamples, block):
+            m = min(block, resamples - start)
+            draws = rng.integers(0, n, size=(m, n))
+            draws += np.arange(0, m * n, n)[:, None]  # row r's draws count into row r
+            counts = np.bincount(draws.ravel(), minlength=m * n).reshape(m, n)
+            sums[start : start + m] = np.einsum("mn,nk->mk", counts.astype(np.float64), values)
+        for j, i in enumerate(which):
+            out[i] = sums[:, j] / n
     return out
 
 
@@ -212,11 +263,28 @@ def mean_ci(
     seed: int | np.random.Generator = 0,
 ) -> Estimate:
     """The mean with a bootstrap percentile-method interval."""
-    arr = np.asarray(values, dtype=np.float64)
-    if arr.size == 0:
-        return Estimate(math.nan, math.nan, math.nan, 0, confidence)
-    lo, hi = interval(mean_samples(arr, resamples, seed), confidence)
-    return Estimate(float(arr.mean()), lo, hi, int(arr.size), confidence)
+    return means_ci([values], confidence=confidence, resamples=resamples, seed=seed)[0]
+
+
+def means_ci(
+    columns: Sequence[npt.ArrayLike],
+    *,
+    confidence: float = 0.95,
+    resamples: int = 2000,
+    seed: int | np.random.Generator = 0,
+) -> list[Estimate]:
+    """:func:`mean_ci` of several columns, their resamples drawn together (see
+    :func:`means_samples`): what a summary of every stage asks for."""
+    arrays = [np.asarray(c, dtype=np.float64) for c in columns]
+    samples = means_samples(arrays, resamples, seed)
+    out = []
+    for arr, boot in zip(arrays, samples, strict=True):
+        if arr.size == 0:
+            out.append(Estimate(math.nan, math.nan, math.nan, 0, confidence))
+            continue
+        lo, hi = interval(boot, confidence)
+        out.append(Estimate(float(arr.mean()), lo, hi, int(arr.size), confidence))
+    return out
 
 
 def interval(samples: FloatArray, confidence: float) -> tuple[float, float]:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ._columns import COUNT_METRICS
-from ._stats import PERCENTILES, Estimate, mean_ci, p_key, percentiles_ci
+from ._stats import PERCENTILES, Estimate, means_ci, p_key, percentiles_ci
 
 if TYPE_CHECKING:
     from ._set import WaterfallSet
@@ -65,11 +65,12 @@ class Summary:
         seed: int = 0,
     ) -> Summary:
         rows = []
-        for name in names or ws.metric_names():
-            vals = ws.values(name)  # once: what ws.percentiles and ws.mean would each select
+        names = list(names or ws.metric_names())
+        values = [ws.values(name) for name in names]  # what ws.percentiles and ws.mean select
+        means = means_ci(values, confidence=confidence, seed=seed)  # resampled together
+        for name, vals, mean in zip(names, values, means, strict=True):
             est = percentiles_ci(vals, ps, confidence=confidence, seed=seed)
             pct = {p_key(p): e for p, e in est.items()}
-            mean = mean_ci(vals, confidence=confidence, seed=seed)
             unit = "tokens" if name in COUNT_METRICS else "s"
             rows.append(Row(name, unit, int(vals.size), mean, pct))
         notes = []
