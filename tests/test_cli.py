@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import re
 import socket
 import statistics
@@ -625,3 +626,26 @@ def test_the_bed_logs_what_its_proxy_relayed() -> None:
     assert {r["upstream"] for r in relays} == {True, False}
     assert all(r["sent_ns"] - r["received_ns"] >= 5_000_000 for r in relays)
     assert {r["connection"] for r in relays} == {1}
+
+
+@pytest.mark.parametrize("given", [None, "2"])
+def test_the_cli_keeps_blas_to_one_thread_unless_told(given: str | None) -> None:
+    """numpy's OpenBLAS threads spin after start-up on the cores a run needs: the CLI asks for
+    one, before numpy loads (no thread beside the main one), and keeps a value the user set
+    (OpenBLAS's threads beside the main one: as many as asked, less one, on a 2-core host)."""
+    code = (
+        "import os, sys; import latency_analyzer.cli; "
+        "print(os.environ['OPENBLAS_NUM_THREADS'], 'numpy' in sys.modules, "
+        "len(os.listdir('/proc/self/task')))"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    if given is not None:
+        env["OPENBLAS_NUM_THREADS"] = given
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    value, loaded, threads = out.stdout.split()
+    assert (value, loaded) == (given or "1", "True")
+    if given is None:
+        assert threads == "1"
+    elif (os.cpu_count() or 1) >= 2:
+        assert threads == "2"

@@ -7,8 +7,16 @@ One module per verb; each adds its parser and sets ``func``, which ``main`` call
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import typing
+
+if "numpy" not in sys.modules:
+    # numpy's OpenBLAS starts a thread per core at import, and they spin after every call:
+    # 0.13 s of CPU at each start on a 2-core machine, on the cores a run's traffic needs. The
+    # CLI makes no call that a BLAS thread pool would speed up; its worker processes inherit
+    # this. A value the user set is kept.
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 from .. import __version__, _redact, errors
 from . import compare, demo, diagnose, export, probe, report, run, search, sweep
