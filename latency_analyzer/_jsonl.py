@@ -10,12 +10,26 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, TypeVar
 
 __all__ = ["JsonlWriter", "Streamed"]
+
+#: One encoder for every line (``json.dumps`` with separators builds a new one per call).
+_encode = json.JSONEncoder(separators=(",", ":")).encode
+
+
+def _fastest_dumps() -> Callable[[Any], bytes] | None:
+    try:
+        import orjson
+    except ImportError:
+        return None
+    return orjson.dumps
+
+
+_orjson_dumps = _fastest_dumps()
 
 S = TypeVar("S", bound="Streamed")
 
@@ -37,8 +51,23 @@ class JsonlWriter:
 
     def append(self, obj: Mapping[str, Any], *, counts: bool = True) -> None:
         """Buffer one line; flush when ``counts`` and the buffer holds ``flush_every`` lines."""
-        self._lines.append(json.dumps(obj, separators=(",", ":")))
+        self._lines.append(_encode(obj))
         if counts and len(self._lines) >= self._flush_every:
+            self.flush()
+
+    def append_row(self, obj: Mapping[str, Any]) -> None:
+        """:meth:`append` for the lines a run writes one per request: encoded by orjson when
+        it is installed (a third of the standard library's time), which writes a non-finite
+        float as ``null`` (JSON has no NaN); what orjson cannot encode (an integer beyond 64
+        bits, a key that is not a string) goes the standard library's way."""
+        if _orjson_dumps is None:
+            self._lines.append(_encode(obj))
+        else:
+            try:
+                self._lines.append(_orjson_dumps(obj).decode())
+            except TypeError:  # orjson's JSONEncodeError
+                self._lines.append(_encode(obj))
+        if len(self._lines) >= self._flush_every:
             self.flush()
 
     def write_now(self, obj: Mapping[str, Any]) -> None:

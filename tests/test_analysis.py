@@ -199,6 +199,39 @@ def test_stream_to_disk_and_reload_is_exact(tmp_path: Path) -> None:
     assert back.counts()["errors_by_type"] == {"reset": 1}
 
 
+@pytest.mark.parametrize("orjson", [True, False])
+def test_rows_read_back_the_same_whichever_encoder_wrote_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, orjson: bool
+) -> None:
+    """Rows are orjson's when it is installed, the standard library's otherwise or where
+    orjson cannot go (an integer beyond 64 bits, a lone surrogate): read back, every row is
+    the waterfall it was, but for a non-finite float, which orjson writes as null."""
+    import dataclasses
+
+    from latency_analyzer import _jsonl
+
+    if orjson and _jsonl._orjson_dumps is None:
+        pytest.skip("orjson is not installed (the [fast] extra)")
+    if not orjson:
+        monkeypatch.setattr(_jsonl, "_orjson_dumps", None)
+    plain = synthetic(0, 5)
+    odd = dataclasses.replace(
+        synthetic(MS, 7), attributes={"big": 2**70, "text": "d\u00e9j\u00e0 \ud800", "n": 1.5}
+    )
+    nan = dataclasses.replace(synthetic(2 * MS, 9), attributes={"x": math.nan})
+    path = tmp_path / "run.jsonl"
+    with WaterfallSet(path) as ws:
+        for wf in (plain, odd, nan):
+            ws.add(wf, Tags("s", "t\u00e9"))
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()[1:]]
+    assert [Waterfall.from_dict(r["wf"]) for r in rows[:2]] == [plain, odd]
+    assert rows[0]["tags"] == Tags("s", "t\u00e9").to_dict()
+    x = rows[2]["wf"]["attributes"]["x"]
+    assert x is None if orjson else math.isnan(x)
+    back = WaterfallSet.load(path)
+    assert np.array_equal(back.column("e2e_ns"), ws.column("e2e_ns"))
+
+
 def test_a_damaged_last_line_is_skipped(tmp_path: Path) -> None:
     path = tmp_path / "crash.jsonl"
     with WaterfallSet(path) as ws:

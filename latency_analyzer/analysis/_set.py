@@ -85,7 +85,7 @@ class WaterfallSet(Streamed):
         tags = tags or Tags()
         self._cols.append(*row_of(wf, tags))
         if self._out is not None:
-            self._out.append({"kind": "wf", "tags": tags.to_dict(), "wf": wf.to_dict()})
+            self._out.append_row({"kind": "wf", "tags": tags.to_dict(), "wf": wf.to_dict()})
 
     def extend(self, wfs: Iterable[Waterfall], tags: Tags | None = None) -> None:
         for wf in wfs:
