@@ -42,10 +42,22 @@ interleaved within each:
 
 Client CPU is the tool's whole process tree (``getrusage(RUSAGE_CHILDREN)`` around the
 subprocess, which counts every descendant it reaps; the server, a child that is still
-running, is not in it) minus the same tool's ``startup`` run; beside it, the tree's CPU
-sampled while it had traffic to handle (see :meth:`TreeCPU.busy_windows`). Tokens are the
-server's count. The ratios (ours ÷ theirs) are the result; ``targets`` says which of the
-benchmark's targets were met.
+running, is not in it), given three ways per 1,000 tokens:
+
+* ``from_traffic``: the CPU from the server's first request to the tool's exit, minus the
+  same of the tool's ``startup`` run (one request, the exit). What a tool spends before its
+  first request (imports, a tokenizer, workers started) is read off the tree's sampled CPU
+  (every 20 ms, interpolated) and left out run by run. This is the figure the CPU target is
+  judged on: ``vllm bench serve`` spends 5-6 s of CPU starting, and that varies by ±0.3 s
+  from run to run, as much as a paced workload's whole traffic costs it.
+* ``marginal``: the run's CPU minus the ``startup`` run's, which also counts work a tool does
+  per request before its first one is sent (a dataset synthesised and tokenised), and carries
+  the start-up's run-to-run spread.
+* ``cpu_ms_per_1k_tokens``: the tree's CPU sampled while it had traffic to handle (see
+  :meth:`TreeCPU.busy_windows`), without what a tool does after its traffic (a summary).
+
+Tokens are the server's count. The ratios (ours ÷ theirs) are the result; ``targets`` says
+which of the benchmark's targets were met.
 """
 
 from __future__ import annotations
@@ -536,6 +548,13 @@ class TreeCPU:
                 merged.append((a, b))
         return merged
 
+    def at(self, t_ns: int) -> float:
+        """CPU seconds the tree had used by ``t_ns``, interpolated between two samples."""
+        if not self.samples:
+            return float("nan")
+        t = np.array([s[0] for s in self.samples], dtype=np.float64)
+        return float(np.interp(t_ns, t, np.array([s[1] for s in self.samples])))
+
     def between(self, windows: list[tuple[int, int]]) -> float:
         """CPU seconds spent inside ``windows`` (perf_counter_ns pairs), interpolated."""
         if len(self.samples) < 2:
@@ -583,6 +602,8 @@ def run_one(tool: str, w: Workload, ctx: Context) -> dict[str, Any]:
     busy = tree.between(windows)
     row: dict[str, Any] = {"tool": tool, "workload": w.name, "exit": rc}
     row.update(wall_s=round(wall, 2), cpu_s=round(cpu, 3), cpu_in_flight_s=round(busy, 3))
+    if records:  # the tree's CPU when the server got its first request: the start-up
+        row["cpu_before_traffic_s"] = round(tree.at(min(r.received_ns for r in records)), 3)
     row["busy_s"] = round(sum(b - a for a, b in windows) / 1e9, 3)
     row["server"] = truth(records, w)
     try:
@@ -610,6 +631,12 @@ def summarise(rows: list[dict[str, Any]], tools: list[str]) -> dict[str, Any]:
             for (t, n), r in by.items()
             if t == tool and n in STARTUPS
         }
+        # the same runs' CPU from their first request on: what their exit and one request cost
+        ends = {
+            r.get("processes", 1): r["cpu_s"] - r["cpu_before_traffic_s"]
+            for (t, n), r in by.items()
+            if t == tool and n in STARTUPS and "cpu_before_traffic_s" in r
+        }
         for (t, name), r in by.items():
             if t != tool or name in STARTUPS:
                 continue
@@ -626,6 +653,10 @@ def summarise(rows: list[dict[str, Any]], tools: list[str]) -> dict[str, Any]:
                     cell["marginal_cpu_ms_per_1k_tokens"] = round(marginal / tokens * 1e6, 1)
                 else:  # the startup run's CPU varies by more than this run's traffic cost
                     cell["marginal_cpu_unresolved"] = "run CPU within its startup's: no figure"
+                end = ends.get(r.get("processes", 1))
+                if end is not None and "cpu_before_traffic_s" in r:
+                    after = r["cpu_s"] - r["cpu_before_traffic_s"] - end
+                    cell["from_traffic_cpu_ms_per_1k_tokens"] = round(after / tokens * 1e6, 1)
                 cell["server_tokens_per_s"] = srv["tokens_per_s"]
             if cli and srv.get("requests"):
                 for k in ("ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms", "tpot_mean_ms"):
@@ -643,7 +674,11 @@ def summarise(rows: list[dict[str, Any]], tools: list[str]) -> dict[str, Any]:
         for name, cell in table[peer].items():
             mine = ours.get(name, {})
             pair: dict[str, Any] = {}
-            for key in ("marginal_cpu_ms_per_1k_tokens", "cpu_ms_per_1k_tokens"):
+            for key in (
+                "from_traffic_cpu_ms_per_1k_tokens",
+                "marginal_cpu_ms_per_1k_tokens",
+                "cpu_ms_per_1k_tokens",
+            ):
                 if cell.get(key) and mine.get(key):
                     pair[key] = round(mine[key] / cell[key], 3)
             if name.startswith("flat") and cell.get("server_tokens_per_s") and mine:
@@ -658,7 +693,7 @@ def targets(table: dict[str, Any], ratios: dict[str, Any]) -> dict[str, Any]:
     vllm = ratios.get("vllm", {})
     out: dict[str, Any] = {}
     for name in ("flat_c64", "flat_c256", "paced_c10", "paced_c100"):
-        value = vllm.get(name, {}).get("marginal_cpu_ms_per_1k_tokens")
+        value = vllm.get(name, {}).get("from_traffic_cpu_ms_per_1k_tokens")
         met = None if value is None else bool(value <= 0.7)
         out[f"cpu_per_1k_tokens_vs_vllm_{name}"] = {"value": value, "target": 0.7, "met": met}
     value = vllm.get("flat_c256", {}).get("tokens_per_s")
@@ -677,10 +712,11 @@ def targets(table: dict[str, Any], ratios: dict[str, Any]) -> dict[str, Any]:
 
 def markdown(summary: dict[str, Any], tools: list[str]) -> str:
     names = ["flat_c64", "flat_c256", "paced_c10", "paced_c100", "open_rate"]
-    head = "| tool | workload | CPU ms/1k tok (run − startup) | CPU ms/1k tok (traffic only) "
+    head = "| tool | workload | CPU ms/1k tok (from the first request) "
+    head += "| CPU ms/1k tok (run − startup) | CPU ms/1k tok (traffic only) "
     head += "| server tok/s | TTFT err P50/P95/P99 ms | ttft_wire err P50/P95/P99 ms "
     head += "| TPOT err ms | rate held | failed |"
-    lines = [head, "|" + "---|" * 10]
+    lines = [head, "|" + "---|" * 11]
     for tool in tools:
         for name in names:
             c = summary["table"].get(tool, {}).get(name)
@@ -700,7 +736,8 @@ def markdown(summary: dict[str, Any], tools: list[str]) -> str:
                     f"{c['server_ingress_p50_ms']}/{c['server_ingress_p95_ms']})"
                 )
             lines.append(
-                f"| {tool} | {name} | {c.get('marginal_cpu_ms_per_1k_tokens', '-')} "
+                f"| {tool} | {name} | {c.get('from_traffic_cpu_ms_per_1k_tokens', '-')} "
+                f"| {c.get('marginal_cpu_ms_per_1k_tokens', '-')} "
                 f"| {c.get('cpu_ms_per_1k_tokens', '-')} "
                 f"| {c.get('server_tokens_per_s', '-')} "
                 f"| {errs} | {wire} | {c.get('tpot_mean_error_ms', '-')} "
