@@ -108,7 +108,7 @@ def test_options_a_process_cannot_share_are_refused() -> None:
 
 
 def test_auto_workers_is_the_usable_cores_as_far_as_the_load_needs_and_splits() -> None:
-    url = "http://127.0.0.1:9" + CHAT
+    url = "http://192.0.2.1:9" + CHAT  # another host (no request is made)
     cores = usable_cores()
     assert cores == len(os.sched_getaffinity(0))
     assert auto_workers(Scenario(url, concurrency=1, requests=9)) == 1
@@ -124,6 +124,10 @@ def test_auto_workers_is_the_usable_cores_as_far_as_the_load_needs_and_splits() 
     assert auto_workers(open_loop.replace(rate=RATE_PER_WORKER * 3)) == min(cores, 3)
     burst = open_loop.replace(arrival="burst", requests=STREAMS_PER_WORKER * 2)
     assert auto_workers(burst) == min(cores, 2)
+    # a server on this host needs cores too: half are left to it
+    for here in ("127.0.0.1:9", "[::1]:9", "localhost:9", "[::ffff:127.0.0.1]:9"):
+        assert auto_workers(many.replace(url=f"http://{here}{CHAT}")) == max(1, min(cores // 2, 8))
+    assert auto_workers(Scenario("http://localhost:9" + CHAT, concurrency=1, requests=9)) == 1
 
 
 def test_cli_run_with_workers_writes_one_merged_file(

@@ -113,9 +113,9 @@ def add_run_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
         type=_workers,
         default="auto",
         metavar="N",
-        help="processes sharing the load (Ray workers with --ray); 'auto': the usable cores, "
-        "as far as the load needs them (one per 128 users, per 150 arrivals/s) and the "
-        "scenario can be split. Default: %(default)r",
+        help="processes sharing the load (Ray workers with --ray); 'auto': the usable cores "
+        "(half of them for a server on this host), as far as the load needs them (one per 128 "
+        "users, per 150 arrivals/s) and the scenario can be split. Default: %(default)r",
     )
     p.set_defaults(func=cmd_run)
 

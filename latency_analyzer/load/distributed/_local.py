@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import itertools
 import json
 import math
 import os
 import sys
+import urllib.parse
 from typing import Any
 
 from .._scenario import Scenario
@@ -45,8 +47,16 @@ RATE_PER_WORKER = 150.0
 def auto_workers(sc: Scenario) -> int:
     """The default worker count: the usable cores, as far as the load needs them (one per
     :data:`STREAMS_PER_WORKER` closed-loop users, one per :data:`RATE_PER_WORKER` arrivals a
-    second) and ``sc`` can be shared out."""
+    second) and ``sc`` can be shared out. A target on this host (a loopback address, or
+    ``localhost``) is a server that needs cores of its own: half of them are left to it.
+
+    On a 2-core machine with the server under test beside it, 256 users streaming flat out
+    (``docs/load.md``): one process spent 1.51 s of CPU from its first request, two 1.77 s,
+    with loop lag P99 78-80 ms against 91-109 ms and no more tokens a second.
+    """
     need = usable_cores()
+    if _on_this_host(sc.url):
+        need = max(1, need // 2)
     if sc.mode == "closed":
         need = min(need, math.ceil(sc.concurrency / STREAMS_PER_WORKER))
     elif sc.arrival == "burst":  # every request at once: as many users
@@ -55,6 +65,19 @@ def auto_workers(sc: Scenario) -> int:
     elif sc.rate is not None:
         need = min(need, math.ceil(sc.rate / RATE_PER_WORKER))
     return splittable(sc, max(1, need))
+
+
+def _on_this_host(url: str) -> bool:
+    """Whether ``url``'s host is this machine by its name alone (no lookup is made)."""
+    host = urllib.parse.urlsplit(url).hostname or ""
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:  # a name: where it leads is not known without a lookup
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)  # ::ffff:127.0.0.1
+    return ip.is_loopback or (mapped is not None and mapped.is_loopback)
 
 
 class _ProcessHandle:
