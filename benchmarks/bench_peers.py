@@ -26,17 +26,20 @@ interleaved within each:
   first request received to last response finished), the same yardstick for every tool.
 * ``paced_c10`` / ``paced_c100``: 20 ms per token (the first 20 ms after the role chunk),
   10 / 100 concurrent streams: each tool's TTFT P50/P95/P99 and TPOT minus the server log's.
+  The log's TTFT runs from when the request reached the server's host (the kernel's receive
+  stamp of the read that completed it) to the first token written: a wave of 100 requests
+  waits in the server's own accept and parse queue, which every client sees and a TTFT from
+  the server's read of the request (``read_ttft``, the errors against it beside) leaves out.
   Each tool first sends one request per stream as warm-up with its own option (ours
   ``warmup_requests``, vLLM ``--num-warmups``, AIPerf ``--warmup-request-count``, GuideLLM
   its warm-up setting), left out of its figures, and the server's log leaves out the first
   as many it received: every request of that first wave dials a new connection, which no
   server log counts.
-  The server's TTFT runs from the request received to the first token written, so it leaves
-  out the client's own work before its request leaves (a cold dial, other requests' work on
-  the same loop). Ours is given both ways: ``ttft`` (what the caller waited, the figure the
-  peers report) and ``ttft_wire`` (first request byte handed to the kernel → the first
-  token's kernel arrival), held to the server's first token written minus that same first
-  byte, request by request (matched by traceparent).
+  The server's TTFT leaves out the client's own work before its request leaves (a cold
+  dial, other requests' work on the same loop). Ours is given both ways: ``ttft`` (what the
+  caller waited, the figure the peers report) and ``ttft_wire`` (first request byte handed
+  to the kernel → the first token's kernel arrival), held to the server's first token
+  written minus that same first byte, request by request (matched by traceparent).
 * ``open_rate``: Poisson arrivals at a set rate on the paced server: the arrival rate the
   server saw, as a share of the rate asked for.
 
@@ -271,43 +274,55 @@ def wire_against_log(run: Path, records: list[RequestRecord]) -> dict[str, Any]:
 
     The server's side: its first token written (its log) minus our first request byte handed
     to the kernel (the waterfall's ``send`` start; one CLOCK_MONOTONIC on one host), matched
-    by the traceparent the request carried. Beside it, the two parts of ``ttft`` that the
-    log's TTFT (from the request read) does not hold: ``pre_send`` (our start to that first
-    byte) and ``server_ingress`` (that byte to the log's request read: the server's accept and
-    parse backlog, which a burst of requests lengthens). The wire figure is not held to the
-    log's ``received_ns`` for the same reason: that backlog is part of what it measures.
+    by the traceparent the request carried. Beside it, the parts of ``ttft`` before the
+    server's log starts: ``pre_send`` (our start to that first byte), ``server_arrival`` (that
+    byte to the request reaching the server's host: the kernel's stamp, on loopback the same
+    instant) and ``server_queue`` (from there to the server's loop reading it: its accept and
+    parse backlog, which a wave of requests lengthens); ``server_ingress`` is the two together.
+    The wire figure is not held to the log's ``received_ns`` for the same reason: that backlog
+    is part of what it measures.
     Ours minus it is the first token's way back plus our stamps' error. A first token our
     loop read together with later bytes carries that read's stamp, an upper bound the
     waterfall marks (``shared_read_chunks``): such requests are counted, and left out of the
     ``unflagged`` figures. The keys are the table's (our cell of the workload).
     """
-    written: dict[str, tuple[int, int]] = {}  # (first token written, request read)
+    written: dict[str, tuple[int, int, int]] = {}  # first token written, arrived, read
     for r in records:
         headers = {k.lower(): v for k, v in (r.headers or {}).items()}
         parent = headers.get("traceparent", "").split("-")
         if len(parent) == 4 and r.first_token_ns is not None:
-            written[parent[1]] = (r.first_token_ns, r.received_ns)
+            written[parent[1]] = (r.first_token_ns, _arrived(r), r.received_ns)
     pairs: list[tuple[float, float, bool]] = []  # ours, the server's, first token shared
     pre_send: list[float] = []  # our start -> first request byte handed to the kernel
     ingress: list[float] = []  # that byte -> the server's log has the request read
+    arrival: list[float] = []  # that byte -> the request reached the server's host
+    queue: list[float] = []  # reached the host -> the server's loop read it
     for wf, tags in read_run(run):
         if tags.warmup:
             continue
         send, wire = wf.stage("send"), wf.ttft_wire_ns
         logged = written.get(str(wf.attributes.get("trace_id")))
         if wf.ok and send is not None and wire is not None and logged is not None:
-            first, received = logged
+            first, arrived, received = logged
             shared = 0 in wf.shared_read_chunks
             pairs.append((wire / 1e6, (first - send.start_ns) / 1e6, shared))
             pre_send.append((send.start_ns - wf.start_ns) / 1e6)
             ingress.append((received - send.start_ns) / 1e6)
+            arrival.append((arrived - send.start_ns) / 1e6)
+            queue.append((received - arrived) / 1e6)
     out: dict[str, Any] = {
         "wire_matched": len(pairs),
         "wire_first_token_shared": sum(1 for *_, shared in pairs if shared),
     }
     # where ``ttft`` minus the log's TTFT goes: our own work before the request left, and the
     # server's reading of it, which its log's TTFT (from the request read) leaves out
-    for name, xs in (("pre_send", pre_send), ("server_ingress", ingress)):
+    named = (
+        ("pre_send", pre_send),
+        ("server_ingress", ingress),
+        ("server_arrival", arrival),
+        ("server_queue", queue),
+    )
+    for name, xs in named:
         if xs:
             for q in (50, 95):
                 out[f"{name}_p{q}_ms"] = ms(float(np.percentile(xs, q)))
@@ -455,7 +470,11 @@ def truth(records: list[RequestRecord], w: Workload) -> dict[str, Any]:
     recs = every[w.warmup :]
     if not recs:
         return {"requests": 0}
-    ttft = np.array([(r.chunk_ns[0] - r.received_ns) / 1e6 for r in recs])
+    # TTFT from when the request reached the host (the kernel's receive stamp), not from
+    # when the server's loop got round to reading it: a wave of requests queues there, and
+    # that wait is the server's, in what every client sees
+    ttft = np.array([(r.chunk_ns[0] - _arrived(r)) / 1e6 for r in recs])
+    read = np.array([(r.chunk_ns[0] - r.received_ns) / 1e6 for r in recs])
     tpot = np.array([(r.chunk_ns[-1] - r.chunk_ns[0]) / 1e6 / (len(r.chunk_ns) - 1) for r in recs])
     received = np.array([r.received_ns for r in recs])
     span_s = (max(r.end_ns for r in every) - every[0].received_ns) / 1e9
@@ -469,11 +488,18 @@ def truth(records: list[RequestRecord], w: Workload) -> dict[str, Any]:
         "ttft_p99_ms": ms(float(np.percentile(ttft, 99))),
         "tpot_mean_ms": ms(float(tpot.mean())),
     }
+    for q in (50, 95, 99):  # the TTFT the log's handler saw, from its read of the request
+        out[f"read_ttft_p{q}_ms"] = ms(float(np.percentile(read, q)))
     if w.rate is not None and len(received) > 1:
         rate = (len(received) - 1) / ((received[-1] - received[0]) / 1e9)
         out["arrival_rate"] = round(rate, 2)
         out["rate_held"] = round(rate / w.rate, 3)
     return out
+
+
+def _arrived(r: RequestRecord) -> int:
+    """When the request reached the server's host: the kernel's stamp, else the handler's read."""
+    return r.received_ns if r.arrived_ns is None else r.arrived_ns
 
 
 def unread_bytes(port: int) -> int:
@@ -661,6 +687,10 @@ def summarise(rows: list[dict[str, Any]], tools: list[str]) -> dict[str, Any]:
             if cli and srv.get("requests"):
                 for k in ("ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms", "tpot_mean_ms"):
                     cell[k.replace("_ms", "_error_ms")] = ms(cli[k] - srv[k])
+                for q in (50, 95, 99):  # against the TTFT from the server's read instead
+                    key = f"read_ttft_p{q}_ms"
+                    if key in srv:
+                        cell[f"ttft_p{q}_error_vs_read_ms"] = ms(cli[f"ttft_p{q}_ms"] - srv[key])
             if cli:
                 cell.update(cli.get("wire", {}))  # ours only: from the first byte sent
             if "rate_held" in srv:
@@ -729,11 +759,13 @@ def markdown(summary: dict[str, Any], tools: list[str]) -> str:
                     f" (unflagged P95 {c['unflagged_ttft_wire_p95_error_ms']}; first token read"
                     f" with later bytes: {c['wire_first_token_shared']} of {c['wire_matched']})"
                 )
+            if "ttft_p95_error_vs_read_ms" in c:
+                errs += f" (from the server's read of the request: P95 {c['ttft_p95_error_vs_read_ms']})"
             if "pre_send_p95_ms" in c:
                 errs += (
-                    f" (of which ours before sending P50/P95 {c['pre_send_p50_ms']}/"
-                    f"{c['pre_send_p95_ms']}, the server reading the request P50/P95 "
-                    f"{c['server_ingress_p50_ms']}/{c['server_ingress_p95_ms']})"
+                    f" (ours before sending P50/P95 {c['pre_send_p50_ms']}/"
+                    f"{c['pre_send_p95_ms']}; the request waiting in the server's queue P50/P95 "
+                    f"{c.get('server_queue_p50_ms', '-')}/{c.get('server_queue_p95_ms', '-')})"
                 )
             lines.append(
                 f"| {tool} | {name} | {c.get('from_traffic_cpu_ms_per_1k_tokens', '-')} "

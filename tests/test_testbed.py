@@ -681,3 +681,37 @@ async def test_slots_queue_requests_beyond_the_limit() -> None:
     assert waits[1] == pytest.approx(0.03, abs=0.004)
     assert waits[2] == pytest.approx(0.06, abs=0.006)
     assert server.waiting == 0 and server.running == 0
+
+
+async def test_the_log_says_when_a_request_reached_the_host_however_busy_the_server_was(
+    llm_in_process: LLMServer,
+) -> None:
+    """A request that comes while the server's loop is held up 100 ms is read 100 ms late: the
+    record's ``received_ns`` says so, and its ``arrived_ns`` is when the request reached the
+    host. Truth: a capture on ``lo`` (kernel stamps) of the request's segment, which the
+    kernel's receive stamp cannot precede and, the server idle in the kernel, follows by far
+    less than the hold."""
+    require_tcpdump()
+    body = json.dumps(_chat_body()).encode()
+    head = f"POST {CHAT} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+    request = head.encode() + f"Content-Length: {len(body)}\r\n\r\n".encode() + body
+    loop = asyncio.get_running_loop()
+    with PacketCapture(llm_in_process.port) as cap:
+        # connected and sent by the kernel alone: the server's loop is not running meanwhile
+        sock = socket.create_connection(("127.0.0.1", llm_in_process.port))
+        sock.sendall(request)
+        time.sleep(0.1)  # the server's loop (this test's) held up: nothing is read
+        sock.setblocking(False)
+        reply = b""
+        while not reply.endswith(b"0\r\n\r\n"):
+            chunk = await asyncio.wait_for(loop.sock_recv(sock, 65536), 10)
+            assert chunk, reply
+            reply += chunk
+        sock.close()
+    (record,) = llm_in_process.records
+    assert record.arrived_ns is not None
+    anchor = process_anchor()
+    (sent,) = [p for p in cap.packets if p.dst[1] == llm_in_process.port and p.size]
+    on_wire = anchor.to_perf_ns(sent.time_ns)
+    assert on_wire - MS <= record.arrived_ns <= on_wire + 50 * MS, (record, on_wire)
+    assert record.received_ns - record.arrived_ns >= 90 * MS, record

@@ -24,7 +24,7 @@ from typing import Any
 
 from .._sockets import SocketRegistry
 
-__all__ = ["RxSocket", "rx_socket_of"]
+__all__ = ["RxSocket", "rx_listener", "rx_socket_of"]
 
 _SO_TIMESTAMPNS = 35  # <asm-generic/socket.h>; SCM_TIMESTAMPNS has the same value
 _ANC_SIZE = socket.CMSG_SPACE(16)
@@ -93,3 +93,19 @@ def _kernel_ns(ancdata: list[tuple[int, int, bytes]]) -> int:
 def rx_socket_of(transport: Any) -> RxSocket | None:
     """The :class:`RxSocket` under an asyncio transport, if it is one."""
     return _ours.of(transport)
+
+
+def rx_listener(host: str, port: int, backlog: int = 128) -> RxSocket:
+    """A listening, non-blocking :class:`RxSocket` on ``host:port`` (0: a free port): the
+    connections it accepts are stamped too, for ``loop.create_server(sock=...)``."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    listener = RxSocket(family, kind, proto)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(address)
+        listener.listen(backlog)
+        listener.setblocking(False)
+    except OSError:
+        listener.close()
+        raise
+    return listener

@@ -21,6 +21,7 @@ from types import TracebackType
 from typing import TypeVar
 
 from .._threads import ThreadRunner
+from ._rx import rx_listener
 
 __all__ = [
     "SPIN_NS",
@@ -166,10 +167,18 @@ class Service:
         self,
         factory: Callable[[], asyncio.BaseProtocol],
         ssl: ssl_module.SSLContext | None = None,
+        *,
+        stamped: bool = False,
     ) -> None:
-        """Listen on TCP ``host:port`` (port 0: a free one, then kept) with ``factory``."""
+        """Listen on TCP ``host:port`` (port 0: a free one, then kept) with ``factory``;
+        ``stamped``: on an :class:`~._rx.RxSocket`, whose connections know the kernel's
+        receive time of their last read (``rx_socket_of``)."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(factory, self._host, self._port, ssl=ssl)
+        if stamped:
+            listener = rx_listener(self._host, self._port)
+            self._server = await loop.create_server(factory, sock=listener, ssl=ssl)
+        else:
+            self._server = await loop.create_server(factory, self._host, self._port, ssl=ssl)
         self._port = int(self._server.sockets[0].getsockname()[1])
 
     def _close_listener(self) -> asyncio.Server | None:

@@ -15,6 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
+from .._rx import rx_socket_of
 from .._timing import Service, check_loopback
 from .behavior import Behavior, parse_body, prompt_tokens
 from .exchange import Exchange, close, respond, send_json
@@ -165,7 +166,7 @@ class LLMServer(Service):
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=_SHUTDOWN_TIMEOUT_S)
         await self._runner.setup()
         self._stopping = asyncio.Event()
-        await self._listen(self._new_connection, ssl=self.ssl)
+        await self._listen(self._new_connection, ssl=self.ssl, stamped=True)
 
     async def stop(self) -> None:
         """Stop: release hanging requests, close the listener and every connection."""
@@ -222,6 +223,9 @@ class LLMServer(Service):
         recorder = RecordBuilder(
             request.path, _peer(request), time.perf_counter_ns(), self.behavior
         )
+        sock = rx_socket_of(request.transport)  # its last read completed the request
+        if sock is not None and sock.stamped:
+            recorder.arrived_ns = sock.rx_ns
         recorder.sink = self.records
         if self.record_requests:
             recorder.headers = dict(request.headers)

@@ -27,6 +27,10 @@ class RequestRecord:
         peer: client (host, port); equal ports mean the same TCP connection.
         behavior: the effective knobs after per-request overrides.
         received_ns: request body fully read (``t0``).
+        arrived_ns: when the read that completed the request reached this host: the kernel's
+            receive stamp (on loopback, the instant a packet capture shows it), which a
+            server busy with other requests does not move as it moves ``received_ns``. None
+            where the kernel gives no stamp.
         headers_ns: just before the response headers were written (None if never).
         chunk_ns: just before each token chunk was written (valid token chunks only).
         chunk_tokens: tokens carried by each of those chunks.
@@ -54,6 +58,7 @@ class RequestRecord:
     server_timing: str | None = None
     body: dict[str, Any] | None = field(default=None, hash=False)
     headers: dict[str, str] | None = field(default=None, hash=False)
+    arrived_ns: int | None = None
 
     @property
     def first_token_ns(self) -> int | None:
@@ -106,6 +111,7 @@ class RecordBuilder:
     on_publish: Callable[[RequestRecord], None] | None = None
     body: dict[str, Any] | None = None
     headers: dict[str, str] | None = None
+    arrived_ns: int | None = None
 
     def publish(self) -> None:
         """Freeze the record (``end_ns`` = now) into ``sink``, once.
