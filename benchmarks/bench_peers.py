@@ -760,7 +760,8 @@ def markdown(summary: dict[str, Any], tools: list[str]) -> str:
                     f" with later bytes: {c['wire_first_token_shared']} of {c['wire_matched']})"
                 )
             if "ttft_p95_error_vs_read_ms" in c:
-                errs += f" (from the server's read of the request: P95 {c['ttft_p95_error_vs_read_ms']})"
+                vs_read = c["ttft_p95_error_vs_read_ms"]
+                errs += f" (from the server's read of the request: P95 {vs_read})"
             if "pre_send_p95_ms" in c:
                 errs += (
                     f" (ours before sending P50/P95 {c['pre_send_p50_ms']}/"
