@@ -13,8 +13,10 @@ imported is skipped, with the reason in the JSON.
 
 The server is the test bed ``LLMServer`` in a child process, one token per SSE chunk, a fresh
 one for every (tool, workload) so that its log holds exactly that run: it stamps every chunk
-it writes, and that log is the truth the tools are judged against. Workloads, tools
-interleaved within each:
+it writes, and that log is the truth the tools are judged against. The workloads run in
+rounds (``--rounds``, 3 by default), tools interleaved within each; every figure is the
+rounds' median, and each ratio comes with its range (``ratio_spread``) and each target with
+its value in every round. The workloads:
 
 * ``startup``: one request; its client CPU is each tool's fixed cost (imports, tokenizer,
   dataset synthesis, worker start), subtracted from the others' ("marginal" CPU). Ours
@@ -718,6 +720,46 @@ def summarise(rows: list[dict[str, Any]], tools: list[str]) -> dict[str, Any]:
     return {"table": table, "ratios": ratios, "targets": targets(table, ratios)}
 
 
+def over_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """The rounds' summaries as one: every number of the table and every ratio is the median
+    over the rounds (a ratio's own rounds are paired: the tools ran interleaved), each ratio
+    with its range, and the targets judged on the medians, with each round's value."""
+    table: dict[str, Any] = {}
+    for tool in rounds[0]["table"]:
+        for name, first in rounds[0]["table"][tool].items():
+            cells = [r["table"].get(tool, {}).get(name, {}) for r in rounds]
+            merged: dict[str, Any] = {}
+            for key, value in first.items():
+                values = [c.get(key) for c in cells]
+                numbers = [v for v in values if _number(v)]
+                merged[key] = _median(numbers) if len(numbers) == len(values) else value
+            table.setdefault(tool, {})[name] = merged
+    ratios: dict[str, Any] = {}
+    spread: dict[str, Any] = {}
+    for peer, by_name in rounds[0]["ratios"].items():
+        for name, first in by_name.items():
+            for key in first:
+                values = [r["ratios"].get(peer, {}).get(name, {}).get(key) for r in rounds]
+                numbers = [v for v in values if _number(v)]
+                if not numbers:
+                    continue
+                ratios.setdefault(peer, {}).setdefault(name, {})[key] = _median(numbers)
+                cell = {"min": min(numbers), "max": max(numbers), "rounds": values}
+                spread.setdefault(peer, {}).setdefault(name, {})[key] = cell
+    judged = targets(table, ratios)
+    for key, target in judged.items():
+        target["rounds"] = [r["targets"][key]["value"] for r in rounds]
+    return {"table": table, "ratios": ratios, "ratio_spread": spread, "targets": judged}
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _median(values: list[float]) -> float:
+    return round(float(np.median(values)), 3)
+
+
 def targets(table: dict[str, Any], ratios: dict[str, Any]) -> dict[str, Any]:
     """The benchmark's targets, each with its measured value and met / missed (or None)."""
     vllm = ratios.get("vllm", {})
@@ -793,7 +835,16 @@ def main() -> None:
         "--workers", type=int, default=None, help="ours: worker processes (default: the CLI's auto)"
     )
     parser.add_argument("--only", help="comma-separated workloads to run (default: all)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="rounds of every workload, tools interleaved; the figures are the rounds' "
+        "medians, with their range. Default: %(default)s",
+    )
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error("--rounds must be >= 1")
     asked = [name for name in args.peers.split(",") if name]
     unknown = sorted(set(asked) - set(PEERS))
     if unknown:
@@ -817,24 +868,26 @@ def main() -> None:
     started = time.perf_counter()
     chosen = [w for w in workloads(args.quick) if not args.only or w.name in args.only.split(",")]
     cores = len(os.sched_getaffinity(0))
-    for w in chosen:
-        for tool in tools:
-            out = runs_dir / f"{w.name}-{tool}"
-            out.mkdir(parents=True)
-            ctx = Context("", out, tokenizer, pythons[tool], args.workers)
-            row = run_one(tool, w, ctx)
-            rows.append(row)
-            print(json.dumps(row), file=sys.stderr)
-        if w.name == "startup" and "ours" in tools and args.workers is None and cores > 1:
-            out = runs_dir / "startup_multi-ours"
-            out.mkdir(parents=True)
-            ctx = Context("", out, tokenizer, pythons["ours"], cores)
-            # a user and a request per core: as many worker processes as there are cores
-            multi = replace(w, name="startup_multi", concurrency=cores, requests=cores)
-            row = run_one("ours", multi, ctx)
-            rows.append(row)
-            print(json.dumps(row), file=sys.stderr)
-    summary = summarise(rows, tools)
+    for k in range(args.rounds):
+        for w in chosen:
+            for tool in tools:
+                out = runs_dir / f"{k}-{w.name}-{tool}"
+                out.mkdir(parents=True)
+                ctx = Context("", out, tokenizer, pythons[tool], args.workers)
+                row = {"round": k, **run_one(tool, w, ctx)}
+                rows.append(row)
+                print(json.dumps(row), file=sys.stderr)
+            if w.name == "startup" and "ours" in tools and args.workers is None and cores > 1:
+                out = runs_dir / f"{k}-startup_multi-ours"
+                out.mkdir(parents=True)
+                ctx = Context("", out, tokenizer, pythons["ours"], cores)
+                # a user and a request per core: as many worker processes as there are cores
+                multi = replace(w, name="startup_multi", concurrency=cores, requests=cores)
+                row = {"round": k, **run_one("ours", multi, ctx)}
+                rows.append(row)
+                print(json.dumps(row), file=sys.stderr)
+    per_round = [summarise([r for r in rows if r["round"] == k], tools) for k in range(args.rounds)]
+    summary = over_rounds(per_round)
     result = {
         "benchmark": "peers",
         "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -843,7 +896,9 @@ def main() -> None:
         "wall_s": round(time.perf_counter() - started, 1),
         "workloads": [asdict(w) for w in chosen],
         "peers": status,
+        "rounds": args.rounds,
         **summary,
+        "per_round": per_round,
         "runs": rows,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
