@@ -24,6 +24,7 @@ from .._rank import nearest_rank
 from ..errors import UsageError
 
 __all__ = [
+    "BOOTSTRAP_MAX",
     "PERCENTILES",
     "Estimate",
     "LogHistogram",
@@ -201,13 +202,18 @@ def percentile_ci(
     return percentiles_ci(values, (p,), confidence=confidence, resamples=resamples, seed=seed)[p]
 
 
+#: Above this many values the mean's bootstrap is its normal approximation (see
+#: :func:`mean_samples`).
+BOOTSTRAP_MAX = 20_000
+
+
 def mean_samples(
     values: npt.ArrayLike, resamples: int = 2000, seed: int | np.random.Generator = 0
 ) -> FloatArray:
     """Bootstrap distribution of the mean: one value per resample (for ratios and sums).
 
-    Small samples are resampled (see :func:`means_samples`); above 20,000 values the normal
-    approximation N(mean, s²/n) is used, which the bootstrap converges to there anyway.
+    Small samples are resampled (see :func:`means_samples`); above :data:`BOOTSTRAP_MAX` values
+    the normal approximation N(mean, s²/n) is used, which the bootstrap converges to there.
     """
     return means_samples([np.asarray(values, dtype=np.float64)], resamples, seed)[0]
 
@@ -234,7 +240,7 @@ def means_samples(
         if n == 0:
             continue
         rng = np.random.default_rng(seed)
-        if n > 20_000:
+        if n > BOOTSTRAP_MAX:
             for i in which:
                 arr = columns[i]
                 sd = float(arr.std(ddof=1)) / math.sqrt(n)

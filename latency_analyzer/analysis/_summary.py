@@ -8,7 +8,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ._columns import COUNT_METRICS
-from ._stats import PERCENTILES, Estimate, means_ci, p_key, percentiles_ci
+from ._stats import (
+    BOOTSTRAP_MAX,
+    PERCENTILES,
+    Estimate,
+    mean_ci,
+    means_ci,
+    p_key,
+    percentiles_ci,
+)
 
 if TYPE_CHECKING:
     from ._set import WaterfallSet
@@ -64,15 +72,23 @@ class Summary:
         confidence: float = 0.95,
         seed: int = 0,
     ) -> Summary:
-        rows = []
-        names = list(names or ws.metric_names())
-        values = [ws.values(name) for name in names]  # what ws.percentiles and ws.mean select
-        means = means_ci(values, confidence=confidence, seed=seed)  # resampled together
-        for name, vals, mean in zip(names, values, means, strict=True):
+        parts: list[tuple[str, int, dict[str, Estimate]]] = []
+        means: dict[int, Estimate] = {}
+        small: dict[int, Any] = {}  # the columns whose means are resampled together
+        for i, name in enumerate(names or ws.metric_names()):
+            vals = ws.values(name)  # once: what ws.percentiles and ws.mean would each select
             est = percentiles_ci(vals, ps, confidence=confidence, seed=seed)
-            pct = {p_key(p): e for p, e in est.items()}
-            unit = "tokens" if name in COUNT_METRICS else "s"
-            rows.append(Row(name, unit, int(vals.size), mean, pct))
+            parts.append((name, int(vals.size), {p_key(p): e for p, e in est.items()}))
+            if vals.size > BOOTSTRAP_MAX:  # a large column is not held past its own row
+                means[i] = mean_ci(vals, confidence=confidence, seed=seed)
+            else:
+                small[i] = vals
+        together = means_ci(list(small.values()), confidence=confidence, seed=seed)
+        means.update(zip(small, together, strict=True))
+        rows = [
+            Row(name, "tokens" if name in COUNT_METRICS else "s", n, means[i], pct)
+            for i, (name, n, pct) in enumerate(parts)
+        ]
         notes = []
         n = rows[0].n if rows else 0
         top = max(ps) if ps else 0
