@@ -757,6 +757,8 @@ def _number(v: Any) -> bool:
 
 
 def _median(values: list[float]) -> float:
+    if all(isinstance(v, int) for v in values):  # a count stays one (the lower middle)
+        return sorted(values)[(len(values) - 1) // 2]
     return round(float(np.median(values)), 3)
 
 
