@@ -715,3 +715,48 @@ async def test_the_log_says_when_a_request_reached_the_host_however_busy_the_ser
     on_wire = anchor.to_perf_ns(sent.time_ns)
     assert on_wire - MS <= record.arrived_ns <= on_wire + 50 * MS, (record, on_wire)
     assert record.received_ns - record.arrived_ns >= 90 * MS, record
+
+
+def _raw_request(body: dict[str, Any]) -> bytes:
+    data = json.dumps(body).encode()
+    head = f"POST {CHAT} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+    return head.encode() + f"Content-Length: {len(data)}\r\n\r\n".encode() + data
+
+
+async def test_over_tls_each_request_on_a_connection_has_its_own_arrival(ca: TestCA) -> None:
+    """Under TLS asyncio reads with ``recv_into``: each request's arrival is still its own
+    read's, between the client's handing it over and the server's loop reading it."""
+    async with LLMServer(ssl=ca.server_context(), tokens=2) as server:
+        connector = aiohttp.TCPConnector(ssl=ca.client_context(), limit=1)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            sent = []
+            for _ in range(3):
+                await asyncio.sleep(0.02)  # apart: a stale stamp would be 20 ms early
+                sent.append(time.perf_counter_ns())
+                async with session.post(server.url + CHAT, json=_chat_body()) as resp:
+                    await resp.read()
+    assert server.connections == 1
+    for record, before in zip(server.records, sent, strict=True):
+        assert record.arrived_ns is not None
+        assert before <= record.arrived_ns <= record.received_ns, (record, before)
+
+
+async def test_pipelined_requests_have_no_arrival_but_the_last(llm_in_process: LLMServer) -> None:
+    """Three requests in one write: when the first two are served, the socket's last read
+    holds the third too, so only the third has an arrival (that read's)."""
+    loop = asyncio.get_running_loop()
+    sock = socket.create_connection(("127.0.0.1", llm_in_process.port))
+    sock.setblocking(False)
+    before = time.perf_counter_ns()
+    await loop.sock_sendall(sock, _raw_request(_chat_body()) * 3)
+    reply = b""
+    while reply.count(b"0\r\n\r\n") < 3:
+        chunk = await asyncio.wait_for(loop.sock_recv(sock, 65536), 10)
+        assert chunk, reply
+        reply += chunk
+    sock.close()
+    arrivals = [r.arrived_ns for r in llm_in_process.records]
+    assert arrivals[:2] == [None, None]
+    assert (
+        arrivals[2] is not None and before <= arrivals[2] <= llm_in_process.records[2].received_ns
+    )

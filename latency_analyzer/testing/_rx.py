@@ -9,7 +9,8 @@ sender handed it over; :class:`RxSocket` reads that stamp with every ``recv`` so
 start from it instead. Where the kernel gives none (another OS, the option refused) the read's
 own instant stands in.
 
-asyncio's socket transports read with the socket object's ``recv``, and a listening
+asyncio's socket transports read with the socket object's ``recv`` (``recv_into`` under
+TLS), and a listening
 :class:`RxSocket` accepts :class:`RxSocket` connections, so a server started on one (and a
 connection made over one) reads through it with no private asyncio API.
 """
@@ -75,6 +76,19 @@ class RxSocket(socket.socket):
         data, ancdata, _, _ = self.recvmsg(bufsize, _ANC_SIZE, flags)
         self.rx_ns = _kernel_ns(ancdata)
         return data
+
+    def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
+        """``socket.recv_into``, stamped as :meth:`recv` is (asyncio's TLS reads this way)."""
+        if not self.stamped:
+            n = super().recv_into(buffer, nbytes, flags)
+            self.rx_ns = time.perf_counter_ns()
+            return n
+        view = memoryview(buffer).cast("B")
+        if nbytes:
+            view = view[:nbytes]
+        n, ancdata, _, _ = self.recvmsg_into([view], _ANC_SIZE, flags)
+        self.rx_ns = _kernel_ns(ancdata)
+        return n
 
 
 def _kernel_ns(ancdata: list[tuple[int, int, bytes]]) -> int:

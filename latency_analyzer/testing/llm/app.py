@@ -223,9 +223,7 @@ class LLMServer(Service):
         recorder = RecordBuilder(
             request.path, _peer(request), time.perf_counter_ns(), self.behavior
         )
-        sock = rx_socket_of(request.transport)  # its last read completed the request
-        if sock is not None and sock.stamped:
-            recorder.arrived_ns = sock.rx_ns
+        recorder.arrived_ns = _arrival(request)
         recorder.sink = self.records
         if self.record_requests:
             recorder.headers = dict(request.headers)
@@ -287,6 +285,17 @@ class LLMServer(Service):
         ex.recorder.publish()
         close(ex.request)
         return web.Response()
+
+
+def _arrival(request: web.Request) -> int | None:
+    """When the read that completed ``request`` reached this host: its socket's last read, as
+    long as aiohttp has read no later request whole on the connection (one sent before this
+    one's response ended: pipelining), whose read that would be. None when not known."""
+    sock = rx_socket_of(request.transport)
+    later = getattr(request.protocol, "_messages", None)  # requests parsed, not yet served
+    if sock is None or not sock.stamped or later is None or len(later):
+        return None
+    return sock.rx_ns
 
 
 def _peer(request: web.BaseRequest) -> tuple[str, int]:

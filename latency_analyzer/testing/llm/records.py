@@ -30,7 +30,8 @@ class RequestRecord:
         arrived_ns: when the read that completed the request reached this host: the kernel's
             receive stamp (on loopback, the instant a packet capture shows it), which a
             server busy with other requests does not move as it moves ``received_ns``. None
-            where the kernel gives no stamp.
+            where the kernel gives no stamp, and for a request that had a later one read
+            whole behind it on its connection (pipelined), whose read that would be.
         headers_ns: just before the response headers were written (None if never).
         chunk_ns: just before each token chunk was written (valid token chunks only).
         chunk_tokens: tokens carried by each of those chunks.
