@@ -22,11 +22,25 @@ _encode = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def _fastest_dumps() -> Callable[[Any], bytes] | None:
+    """orjson's ``dumps`` when installed, handing what the standard library encodes its own
+    way (a str or int subclass) or refuses (a dataclass, a datetime) back to it."""
     try:
         import orjson
     except ImportError:
         return None
-    return orjson.dumps
+    option = (
+        orjson.OPT_PASSTHROUGH_DATACLASS
+        | orjson.OPT_PASSTHROUGH_DATETIME
+        | orjson.OPT_PASSTHROUGH_SUBCLASS
+    )
+
+    def refuse(obj: Any) -> Any:
+        raise TypeError(f"{type(obj).__name__} is left to the standard library")
+
+    def dumps(obj: Any) -> bytes:
+        return orjson.dumps(obj, default=refuse, option=option)
+
+    return dumps
 
 
 _orjson_dumps = _fastest_dumps()
@@ -57,9 +71,11 @@ class JsonlWriter:
 
     def append_row(self, obj: Mapping[str, Any]) -> None:
         """:meth:`append` for the lines a run writes one per request: encoded by orjson when
-        it is installed (a third of the standard library's time), which writes a non-finite
-        float as ``null`` (JSON has no NaN); what orjson cannot encode (an integer beyond 64
-        bits, a key that is not a string) goes the standard library's way."""
+        it is installed (a third of the standard library's time). It writes a non-finite
+        float as ``null`` (JSON has no NaN), an Enum as its value and a UUID as its text; a
+        row it would encode otherwise than the standard library (a str or int subclass), or
+        cannot encode (an integer beyond 64 bits, a key that is not a string, a numpy
+        scalar), goes the standard library's way whole, NaN written as ``NaN``."""
         if _orjson_dumps is None:
             self._lines.append(_encode(obj))
         else:

@@ -146,6 +146,12 @@ def test_percentile_cis_of_one_size_share_their_ranks_and_match_a_fresh_generato
         cached = percentiles_ci(col, (50, 99), seed=11)
         fresh = percentiles_ci(col, (50, 99), seed=np.random.default_rng(11))
         assert cached == fresh
+        assert percentiles_ci(col, (50, 99), seed=np.int64(11)) == cached
+    # seeds numpy takes that are not ints are not cached: used as given, each call
+    listed = percentiles_ci(a, (50,), seed=[1, 2])
+    assert listed == percentiles_ci(a, (50,), seed=np.random.default_rng([1, 2]))
+    with pytest.raises(TypeError):
+        percentiles_ci(a, (50,), seed=1.5)  # type: ignore[arg-type]  # numpy refuses it
 
 
 def test_log_histogram_merge_is_exact_and_bounded() -> None:

@@ -125,9 +125,12 @@ def test_auto_workers_is_the_usable_cores_as_far_as_the_load_needs_and_splits() 
     burst = open_loop.replace(arrival="burst", requests=STREAMS_PER_WORKER * 2)
     assert auto_workers(burst) == min(cores, 2)
     # a server on this host needs cores too: half are left to it
-    for here in ("127.0.0.1:9", "[::1]:9", "localhost:9", "[::ffff:127.0.0.1]:9"):
+    here_too = ("[::ffff:127.0.0.1]:9", "0.0.0.0:9", "[::]:9", "localhost.:9", "127.1:9")
+    for here in ("127.0.0.1:9", "[::1]:9", "localhost:9", *here_too):
         assert auto_workers(many.replace(url=f"http://{here}{CHAT}")) == max(1, min(cores // 2, 8))
     assert auto_workers(Scenario("http://localhost:9" + CHAT, concurrency=1, requests=9)) == 1
+    for elsewhere in ("example.com:9", "10.0.0.1:9", "[2001:db8::1]:9"):
+        assert auto_workers(many.replace(url=f"http://{elsewhere}{CHAT}")) == min(cores, 8)
 
 
 def test_cli_run_with_workers_writes_one_merged_file(

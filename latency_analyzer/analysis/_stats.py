@@ -147,10 +147,10 @@ def percentiles_ci(
     n = arr.size
     if n == 0:
         return {p: Estimate(math.nan, math.nan, math.nan, 0, confidence) for p in ps}
-    if isinstance(seed, np.random.Generator):  # its draws go on from where they are
-        ranks = _ci_ranks(n, tuple(ps), confidence, resamples, seed)
-    else:
-        ranks = _ci_ranks_of_seed(n, tuple(ps), confidence, resamples, seed)
+    if isinstance(seed, int | np.integer) and not isinstance(seed, bool):
+        ranks = _ci_ranks_of_seed(n, tuple(ps), confidence, resamples, int(seed))
+    else:  # a generator (its draws go on from where they are), None, a sequence: as given
+        ranks = _ci_ranks(n, tuple(ps), confidence, resamples, np.random.default_rng(seed))
     stats = order_stats(arr, np.array(ranks, dtype=np.int64))
     return {
         p: Estimate(
@@ -227,8 +227,9 @@ def means_samples(
     value was drawn. Those counts, one row per resample, times the values gives every
     resample's sum, for all the columns of that size at once: one set of draws and one
     product, where resampling each column's values by index costs a draw and a gather per
-    column. The draws are the ones a column alone would get from the same seed, so a column's
-    distribution does not depend on what it is summarised with. The product is ``einsum``'s
+    column. With a seed (an int), the draws are the ones a column alone would get from it, so
+    a column's distribution does not depend on what it is summarised with; a generator's draws
+    go on from size to size. The product is ``einsum``'s
     own loop: a BLAS call would start threads that go on spinning on the cores a run's
     traffic needs.
     """

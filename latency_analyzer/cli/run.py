@@ -114,8 +114,10 @@ def add_run_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
         default="auto",
         metavar="N",
         help="processes sharing the load (Ray workers with --ray); 'auto': the usable cores "
-        "(half of them for a server on this host), as far as the load needs them (one per 128 "
-        "users, per 150 arrivals/s) and the scenario can be split. Default: %(default)r",
+        "(half of them for a server on this host, as a loopback address or localhost says; a "
+        "port forwarded to another machine looks the same), as far as the load needs them "
+        "(one per 128 users, per 150 arrivals/s) and the scenario can be split. "
+        "Default: %(default)r",
     )
     p.set_defaults(func=cmd_run)
 

@@ -14,6 +14,7 @@ import itertools
 import json
 import math
 import os
+import socket
 import sys
 import urllib.parse
 from typing import Any
@@ -68,16 +69,21 @@ def auto_workers(sc: Scenario) -> int:
 
 
 def _on_this_host(url: str) -> bool:
-    """Whether ``url``'s host is this machine by its name alone (no lookup is made)."""
-    host = urllib.parse.urlsplit(url).hostname or ""
+    """Whether ``url``'s host is this machine by its address or name alone (no lookup is
+    made): a loopback or unspecified address, ``localhost``. A port forwarded from here to
+    another machine looks the same; ``--workers N`` then says how many."""
+    host = (urllib.parse.urlsplit(url).hostname or "").rstrip(".")
     if host == "localhost" or host.endswith(".localhost"):
         return True
     try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:  # a name: where it leads is not known without a lookup
-        return False
+        ip: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.ip_address(host)
+    except ValueError:
+        try:  # the short IPv4 forms a resolver also takes: 127.1
+            ip = ipaddress.IPv4Address(socket.inet_aton(host))
+        except OSError:  # a name: where it leads is not known without a lookup
+            return False
     mapped = getattr(ip, "ipv4_mapped", None)  # ::ffff:127.0.0.1
-    return ip.is_loopback or (mapped is not None and mapped.is_loopback)
+    return any(a.is_loopback or a.is_unspecified for a in (ip, mapped) if a is not None)
 
 
 class _ProcessHandle:
