@@ -722,34 +722,39 @@ def summarise(rows: list[dict[str, Any]], tools: list[str]) -> dict[str, Any]:
 
 def over_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     """The rounds' summaries as one: every number of the table and every ratio is the median
-    over the rounds (a ratio's own rounds are paired: the tools ran interleaved), each ratio
-    with its range, and the targets judged on the medians, with each round's value."""
+    over the rounds that have it (a ratio's own rounds are paired: the tools ran
+    interleaved), each ratio with its range and its value per round (None: not in that
+    round), and the targets judged on the medians, with each round's value."""
     table: dict[str, Any] = {}
-    for tool in rounds[0]["table"]:
-        for name, first in rounds[0]["table"][tool].items():
-            cells = [r["table"].get(tool, {}).get(name, {}) for r in rounds]
-            merged: dict[str, Any] = {}
-            for key, value in first.items():
-                values = [c.get(key) for c in cells]
-                numbers = [v for v in values if _number(v)]
-                merged[key] = _median(numbers) if len(numbers) == len(values) else value
-            table.setdefault(tool, {})[name] = merged
+    for tool, name in _keys(r["table"] for r in rounds):
+        cells = [r["table"].get(tool, {}).get(name) or {} for r in rounds]
+        merged: dict[str, Any] = {}
+        for key in dict.fromkeys(k for c in cells for k in c):
+            values = [c[key] for c in cells if key in c]
+            numbers = [v for v in values if _number(v)]
+            merged[key] = _median(numbers) if numbers and len(numbers) == len(values) else values[0]
+        table.setdefault(tool, {})[name] = merged
     ratios: dict[str, Any] = {}
     spread: dict[str, Any] = {}
-    for peer, by_name in rounds[0]["ratios"].items():
-        for name, first in by_name.items():
-            for key in first:
-                values = [r["ratios"].get(peer, {}).get(name, {}).get(key) for r in rounds]
-                numbers = [v for v in values if _number(v)]
-                if not numbers:
-                    continue
-                ratios.setdefault(peer, {}).setdefault(name, {})[key] = _median(numbers)
-                cell = {"min": min(numbers), "max": max(numbers), "rounds": values}
-                spread.setdefault(peer, {}).setdefault(name, {})[key] = cell
+    for peer, name in _keys(r["ratios"] for r in rounds):
+        pairs = [r["ratios"].get(peer, {}).get(name) or {} for r in rounds]
+        for key in dict.fromkeys(k for pair in pairs for k in pair):
+            values = [pair.get(key) for pair in pairs]
+            numbers = [v for v in values if _number(v)]
+            if not numbers:
+                continue
+            ratios.setdefault(peer, {}).setdefault(name, {})[key] = _median(numbers)
+            cell = {"min": min(numbers), "max": max(numbers), "rounds": values}
+            spread.setdefault(peer, {}).setdefault(name, {})[key] = cell
     judged = targets(table, ratios)
     for key, target in judged.items():
-        target["rounds"] = [r["targets"][key]["value"] for r in rounds]
+        target["rounds"] = [r["targets"].get(key, {}).get("value") for r in rounds]
     return {"table": table, "ratios": ratios, "ratio_spread": spread, "targets": judged}
+
+
+def _keys(tables: Any) -> list[tuple[str, str]]:
+    """Every (outer, inner) key pair of any of ``tables``, in first-seen order."""
+    return list(dict.fromkeys((a, b) for t in tables for a, inner in t.items() for b in inner))
 
 
 def _number(v: Any) -> bool:
