@@ -229,9 +229,8 @@ def means_samples(
     product, where resampling each column's values by index costs a draw and a gather per
     column. With a seed (an int), the draws are the ones a column alone would get from it, so
     a column's distribution does not depend on what it is summarised with; a generator's draws
-    go on from size to size. The product is ``einsum``'s
-    own loop: a BLAS call would start threads that go on spinning on the cores a run's
-    traffic needs.
+    go on from size to size. The product is ``einsum``'s own loop: a BLAS call would start
+    threads that go on spinning on the cores a run's traffic needs.
     """
     out: list[FloatArray] = [np.full(resamples, np.nan) for _ in columns]
     by_size: dict[int, list[int]] = {}
@@ -240,14 +239,13 @@ def means_samples(
     for n, which in by_size.items():
         if n == 0:
             continue
-        rng = np.random.default_rng(seed)
-        if n > BOOTSTRAP_MAX:
+        if n > BOOTSTRAP_MAX:  # each column its own draws, as alone
             for i in which:
-                arr = columns[i]
-                sd = float(arr.std(ddof=1)) / math.sqrt(n)
-                out[i] = np.asarray(rng.normal(float(arr.mean()), sd, size=resamples))
+                sd = float(columns[i].std(ddof=1)) / math.sqrt(n)
                 rng = np.random.default_rng(seed)
+                out[i] = np.asarray(rng.normal(float(columns[i].mean()), sd, size=resamples))
             continue
+        rng = np.random.default_rng(seed)
         values = np.stack([np.asarray(columns[i], dtype=np.float64) for i in which], axis=1)
         sums = np.empty((resamples, len(which)))
         block = max(1, 2_000_000 // n)

@@ -381,10 +381,8 @@ class TimedProtocol(ResponseHandler):
             self._read_t = t
             if not self._pushing:
                 self._push(sink, payload)
-            if state.body_end_ns is None and payload.is_eof():
-                state.body_end_ns = t
-            return
-        self._mark(payload, t)
+        else:
+            self._mark(payload, t)
         if state.body_end_ns is None and payload.is_eof():
             state.body_end_ns = t
 

@@ -29,7 +29,7 @@ import enum
 import socket
 import time
 
-from ._rx import RxSocket, rx_listener, rx_socket_of
+from ._rx import RxSocket, rx_socket_of
 from ._timing import Service, abort_with_rst, check_loopback, deadline_after, sleep_until
 
 __all__ = ["DelayProxy", "Relay"]
@@ -199,9 +199,7 @@ class DelayProxy(Service):
 
     async def start(self) -> None:
         """Start listening (on an :class:`RxSocket`: its connections are stamped too)."""
-        listener = rx_listener(self._host, self._port)
-        self._server = await asyncio.get_running_loop().create_server(self._accept, sock=listener)
-        self._port = int(listener.getsockname()[1])
+        await self._listen(self._accept, stamped=True)
 
     async def stop(self) -> None:
         """Stop listening and abort every proxied connection."""
