@@ -483,9 +483,10 @@ def test_feed_token_reads_learnt_tokens_without_a_parse(monkeypatch: pytest.Monk
     got += parser.close(7)
     assert untimed(got) == untimed(expected)
     assert parser.chunks == reference_parser.chunks
-    # read without a parse: " wörld" and " ok", each after bytes learnt from a parsed token
+    # read without a parse: " wörld" and " ok", each after bytes learnt from a parsed token,
+    # and [DONE], which is no JSON
     unparsed = [r for r in _STREAM if not any(p in r for p in parsed)]
-    assert unparsed == [_STREAM[2], _STREAM[11]]
+    assert unparsed == [_STREAM[2], _STREAM[11], _STREAM[-1]]
     # and a whole stream of one template: one parse for the stream's first read, one to learn
     parsed.clear()
     parser = OpenAIStreamParser()
@@ -587,3 +588,30 @@ def test_learning_stops_for_streams_that_never_fit_and_keeps_up_with_seconds(
     ]
     assert all(isinstance(t, str) for t in texts[1:])
     assert len(attempts) == 20  # once per second's first token
+
+
+def test_done_is_read_without_a_json_parse(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``[DONE]`` ends a stream without a JSON parse tried on it: the parse would raise, and
+    building that error was the costliest thing a stream's end did. Fed read by read as a
+    response streams (the last read holding the finish and ``[DONE]``) and whole."""
+    raised: list[object] = []
+    init = json.JSONDecodeError.__init__
+
+    def counting(self: json.JSONDecodeError, *args: Any) -> None:
+        raised.append(args)
+        init(self, *args)
+
+    monkeypatch.setattr(json.JSONDecodeError, "__init__", counting)
+    whole = b"".join(_STREAM)
+    for feed, reads in (
+        ("feed_token", [*_STREAM[:-2], _STREAM[-2] + _STREAM[-1]]),
+        ("feed", [*_STREAM[:-2], _STREAM[-2] + _STREAM[-1]]),
+        ("feed", [whole]),
+    ):
+        parser = OpenAIStreamParser()
+        for read_ in reads:
+            getattr(parser, feed)(read_, 7)
+        assert parser.done
+        # the stream's deliberately broken events raise; its end does not
+        assert [a for a in raised if "[DONE]" in str(a[1:2])] == [], feed
+        raised.clear()

@@ -56,6 +56,7 @@ __all__ = [
 ]
 
 _DONE = "[DONE]"
+_DONE_BYTES = _DONE.encode()  # a stream's last event, as received: no JSON parse tried on it
 
 
 def _stdlib_loads(raw: str | bytes) -> Any:
@@ -134,7 +135,11 @@ class OpenAIStreamParser:
                     events.append(_chunk_received(time_ns, text, "", None, None, False))
                     continue
                 try:
-                    obj: Any = loads(raw if from_bytes else raw.decode("utf-8", "replace"))
+                    obj: Any = (
+                        None
+                        if raw == _DONE_BYTES  # a parse would raise, and a raise costs
+                        else loads(raw if from_bytes else raw.decode("utf-8", "replace"))
+                    )
                 except (ValueError, RecursionError):
                     obj = None
                 if type(obj) is dict:
@@ -179,7 +184,7 @@ class OpenAIStreamParser:
             self._frame(data, raw)
             return text
         try:
-            obj: Any = _bytes_loads(raw)  # type: ignore[misc]
+            obj: Any = None if raw == _DONE_BYTES else _bytes_loads(raw)  # type: ignore[misc]
         except (ValueError, RecursionError):
             obj = None
         if type(obj) is not dict:  # [DONE], or not a JSON object: read as text, which says why
