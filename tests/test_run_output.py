@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +21,7 @@ from latency_analyzer.errors import UsageError
 from latency_analyzer.load import ClientHealth, Scenario
 from latency_analyzer.load._monitor import (
     LoopMonitor,
+    ThreadSchedstat,
     busy_share,
     cpu_times,
     host_times,
@@ -138,6 +140,30 @@ def _monitored(work: Callable[[], None]) -> ClientHealth:
         return mon.health(None)
 
     return asyncio.run(main())
+
+
+@pytest.mark.skipif(schedstat() is None, reason="the kernel gives no run-queue delay here")
+def test_the_sampler_reads_its_own_threads_schedstat_from_one_descriptor() -> None:
+    """The sampler's reader gives what ``schedstat()`` gives, of the thread that opened it
+    (read from another thread too), fresh on every read; nothing once closed."""
+    reader = ThreadSchedstat()
+    try:
+        first, plain = reader.read(), schedstat()
+        assert first is not None and plain is not None
+        assert 0 <= plain[0] - first[0] < 50_000_000  # the same thread's CPU time, read later
+        deadline = time.thread_time() + 0.05
+        while time.thread_time() < deadline:  # 50 ms of this thread's CPU
+            pass
+        after = reader.read()
+        assert after is not None and after[0] - first[0] >= 40_000_000
+        seen: list[tuple[int, int] | None] = []
+        other = threading.Thread(target=lambda: seen.append(reader.read()))
+        other.start()
+        other.join()
+        assert seen[0] is not None and seen[0][0] >= after[0]  # this thread's, not the other's
+    finally:
+        reader.close()
+    assert reader.read() is None
 
 
 @pytest.mark.skipif(schedstat() is None, reason="the kernel gives no run-queue delay here")
