@@ -35,6 +35,7 @@ import numpy as np
 
 _END = b"\r\n0\r\n\r\n"  # the last chunk, after the previous chunk's CRLF
 _CONTENT = b'"content":'
+_TIMEOUT_S = 120.0  # a response that takes longer counts as failed
 
 
 class _Conn(asyncio.Protocol):
@@ -117,13 +118,17 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     async def one(keep: bool) -> None:
         nonlocal failed
         start = time.perf_counter()
+        while idle and (idle[-1].transport is None or idle[-1].transport.is_closing()):
+            idle.pop()  # closed by the server while idle
         conn = idle.pop() if idle else None
         try:
             if conn is None:
                 _, conn = await loop.create_connection(_Conn, host, port)
-            first, last = await conn.send(request)
-        except OSError:
+            first, last = await asyncio.wait_for(conn.send(request), _TIMEOUT_S)
+        except (OSError, asyncio.TimeoutError):
             failed += keep
+            if conn is not None and conn.transport is not None:
+                conn.transport.close()  # not reused: a late answer would end the next one
             return
         idle.append(conn)
         if keep and first:
