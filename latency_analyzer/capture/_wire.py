@@ -3,9 +3,9 @@
 asyncio's selector transports read a connected socket with ``sock.recv`` (a plain protocol)
 or ``sock.recv_into`` (a buffered one, as its TLS protocol is), and write with ``sock.send``
 (or ``sendmsg``). :class:`StampedSocket` overrides exactly those: ``SO_TIMESTAMPNS`` is
-enabled when the socket is made, every read is a ``recvmsg`` whose ancillary data carries the
-kernel's receive time of the last segment the read returned, and every send notes the instant
-before its syscall and after it returned.
+enabled when the socket is made, every read is a ``recvmsg_into`` (into the reading thread's
+buffer) whose ancillary data carries the kernel's receive time of the last segment the read
+returned, and every send notes the instant before its syscall and after it returned.
 
 The stamps live in a :class:`WireStamps` owned by the socket. The protocol that sees the
 bytes (aiohttp's, TLS's application protocol, the HTTP/2 connection) finds it with
@@ -35,6 +35,7 @@ import platform
 import socket
 import struct
 import sys
+import threading
 import time
 from typing import Any
 
@@ -161,6 +162,18 @@ class WireStamps:
 
 
 _ours: SocketRegistry[StampedSocket] = SocketRegistry()
+_READ_BUFFER_SIZE = 256 * 1024  # asyncio's own read size (``max_size`` of its transports)
+_threads = threading.local()
+
+
+def _read_buffer() -> memoryview:
+    """The calling thread's buffer that :meth:`StampedSocket.recv` reads into (an event
+    loop's thread, or the one that makes a TLS handshake)."""
+    try:
+        view: memoryview = _threads.read_buffer
+    except AttributeError:
+        view = _threads.read_buffer = memoryview(bytearray(_READ_BUFFER_SIZE))
+    return view
 
 
 def stamped_socket_of(transport: Any) -> StampedSocket | None:
@@ -235,9 +248,14 @@ class StampedSocket(socket.socket):
             data = _recv(self, bufsize, flags)
             wire._read([], _now())
             return data
-        data, ancdata, _, _ = self.recvmsg(bufsize, _ANC_SIZE, flags)
+        # into this thread's buffer, and only what came is copied out: a ``recvmsg`` of
+        # asyncio's 256 KiB makes a bytes object of that size for every read, and shrinks it
+        view = _read_buffer()
+        if bufsize < len(view):
+            view = view[:bufsize]
+        n, ancdata, _, _ = self.recvmsg_into((view,), _ANC_SIZE, flags)
         wire._read(ancdata, _now())
-        return data
+        return view[:n].tobytes()
 
     def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
         wire = self.wire
