@@ -81,7 +81,7 @@ def peers(session: nox.Session) -> None:
 
     Not in the default run nor CI: each peer gets a venv of its own under ``.peers/`` (their
     dependencies conflict), several GB and minutes of installs the first time; the run itself
-    takes about 6 minutes a round on 2 cores, 3 rounds by default (``nox -s peers -- --rounds
+    takes about 7 minutes a round on 2 cores, 3 rounds by default (``nox -s peers -- --rounds
     1`` for one). A peer that cannot be installed is skipped with the reason.
     """
     session.install(".", "psutil")
