@@ -21,6 +21,7 @@ import asyncio
 import json
 import random
 import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -46,13 +47,78 @@ async def _one(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -
     return (start, *stamps)
 
 
-async def main(args: argparse.Namespace) -> dict[str, Any]:
-    body = {
+def chat_body(args: argparse.Namespace) -> dict[str, Any]:
+    """The streamed chat request every request of the run sends."""
+    return {
         "model": args.model,
         "messages": [{"role": "user", "content": " ".join(["word"] * args.prompt_words)}],
         "max_tokens": args.tokens,
         "stream": True,
     }
+
+
+async def drive(
+    args: argparse.Namespace, request: Callable[[bool], Coroutine[Any, Any, None]]
+) -> None:
+    """``--warmup`` requests as one wave (``request(False)``: left out of the figures), then
+    ``--requests`` (``request(True)``) by ``--concurrency`` users or at Poisson ``--rate``."""
+    if args.warmup:
+        await asyncio.gather(*(request(False) for _ in range(args.warmup)))
+    if args.concurrency:
+        left = iter(range(args.requests))
+
+        async def user() -> None:
+            for _ in left:
+                await request(True)
+
+        await asyncio.gather(*(user() for _ in range(args.concurrency)))
+    else:
+        rng = random.Random(args.seed)
+        tasks = []
+        for _ in range(args.requests):
+            tasks.append(asyncio.create_task(request(True)))
+            await asyncio.sleep(rng.expovariate(args.rate))
+        await asyncio.gather(*tasks)
+
+
+def figures(
+    ttft_ms: list[float], tpot_ms: list[float], completed: int, failed: int
+) -> dict[str, Any]:
+    """What a floor writes: TTFT P50/P95/P99 and mean TPOT (ms), and its counts."""
+    p50, p95, p99 = np.percentile(ttft_ms, [50, 95, 99]) if ttft_ms else (np.nan,) * 3
+    return {
+        "ttft_p50_ms": float(p50),
+        "ttft_p95_ms": float(p95),
+        "ttft_p99_ms": float(p99),
+        "tpot_mean_ms": float(np.mean(tpot_ms)) if tpot_ms else float("nan"),
+        "completed": completed,
+        "failed": failed,
+    }
+
+
+def cli(
+    doc: str, main: Callable[[argparse.Namespace], Coroutine[Any, Any, dict[str, Any]]]
+) -> None:
+    """The floors' command line: parse it, run ``main`` on asyncio's own loop, write --out."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("url")
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--tokens", type=int, required=True)
+    parser.add_argument("--prompt-words", type=int, default=16)
+    parser.add_argument("--requests", type=int, required=True)
+    parser.add_argument("--concurrency", type=int)
+    parser.add_argument("--rate", type=float)
+    parser.add_argument("--warmup", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    if (args.concurrency is None) == (args.rate is None):
+        parser.error("give one of --concurrency and --rate")
+    args.out.write_text(json.dumps(asyncio.run(main(args))) + "\n")
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    body = chat_body(args)
     results: list[tuple[float, ...]] = []
     failed = 0
     connector = aiohttp.TCPConnector(limit=0)
@@ -68,49 +134,11 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             if keep:
                 results.append(got)
 
-        if args.warmup:
-            await asyncio.gather(*(request(False) for _ in range(args.warmup)))
-        if args.concurrency:
-            left = iter(range(args.requests))
-
-            async def user() -> None:
-                for _ in left:
-                    await request(True)
-
-            await asyncio.gather(*(user() for _ in range(args.concurrency)))
-        else:
-            rng = random.Random(args.seed)
-            tasks = []
-            for _ in range(args.requests):
-                tasks.append(asyncio.create_task(request(True)))
-                await asyncio.sleep(rng.expovariate(args.rate))
-            await asyncio.gather(*tasks)
-    ttft = np.array([(r[1] - r[0]) * 1e3 for r in results if len(r) > 1])
-    tpot = np.array([(r[-1] - r[1]) * 1e3 / (len(r) - 2) for r in results if len(r) > 2])
-    p50, p95, p99 = np.percentile(ttft, [50, 95, 99]) if len(ttft) else (np.nan,) * 3
-    return {
-        "ttft_p50_ms": float(p50),
-        "ttft_p95_ms": float(p95),
-        "ttft_p99_ms": float(p99),
-        "tpot_mean_ms": float(tpot.mean()) if len(tpot) else float("nan"),
-        "completed": len(results),
-        "failed": failed,
-    }
+        await drive(args, request)
+    ttft = [(r[1] - r[0]) * 1e3 for r in results if len(r) > 1]
+    tpot = [(r[-1] - r[1]) * 1e3 / (len(r) - 2) for r in results if len(r) > 2]
+    return figures(ttft, tpot, len(results), failed)
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("url")
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--tokens", type=int, required=True)
-    parser.add_argument("--prompt-words", type=int, default=16)
-    parser.add_argument("--requests", type=int, required=True)
-    parser.add_argument("--concurrency", type=int)
-    parser.add_argument("--rate", type=float)
-    parser.add_argument("--warmup", type=int, default=0)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
-    if (args.concurrency is None) == (args.rate is None):
-        parser.error("give one of --concurrency and --rate")
-    args.out.write_text(json.dumps(asyncio.run(main(args))) + "\n")
+    cli(__doc__ or "", main)

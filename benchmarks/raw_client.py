@@ -25,13 +25,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import random
 import time
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import numpy as np
+from bare_client import chat_body, cli, drive, figures
 
 _END = b"\r\n0\r\n\r\n"  # the last chunk, after the previous chunk's CRLF
 _CONTENT = b'"content":'
@@ -103,13 +101,7 @@ def _request(url: str, body: dict[str, Any]) -> tuple[str, int, bytes]:
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
-    body = {
-        "model": args.model,
-        "messages": [{"role": "user", "content": " ".join(["word"] * args.prompt_words)}],
-        "max_tokens": args.tokens,
-        "stream": True,
-    }
-    host, port, request = _request(args.url, body)
+    host, port, request = _request(args.url, chat_body(args))
     loop = asyncio.get_running_loop()
     idle: list[_Conn] = []
     results: list[tuple[float, float, float]] = []
@@ -136,52 +128,14 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         elif keep:
             failed += 1
 
-    if args.warmup:
-        await asyncio.gather(*(one(False) for _ in range(args.warmup)))
-    if args.concurrency:
-        left = iter(range(args.requests))
-
-        async def user() -> None:
-            for _ in left:
-                await one(True)
-
-        await asyncio.gather(*(user() for _ in range(args.concurrency)))
-    else:
-        rng = random.Random(args.seed)
-        tasks = []
-        for _ in range(args.requests):
-            tasks.append(asyncio.create_task(one(True)))
-            await asyncio.sleep(rng.expovariate(args.rate))
-        await asyncio.gather(*tasks)
+    await drive(args, one)
     for conn in idle:
         if conn.transport is not None:
             conn.transport.close()
-    ttft = np.array([(first - start) * 1e3 for start, first, _ in results])
-    tpot = np.array([(last - first) * 1e3 / (args.tokens - 1) for _, first, last in results])
-    p50, p95, p99 = np.percentile(ttft, [50, 95, 99]) if len(ttft) else (np.nan,) * 3
-    return {
-        "ttft_p50_ms": float(p50),
-        "ttft_p95_ms": float(p95),
-        "ttft_p99_ms": float(p99),
-        "tpot_mean_ms": float(tpot.mean()) if len(tpot) and args.tokens > 1 else float("nan"),
-        "completed": len(results),
-        "failed": failed,
-    }
+    ttft = [(first - start) * 1e3 for start, first, _ in results]
+    tpot = [(last - first) * 1e3 / (args.tokens - 1) for _, first, last in results]
+    return figures(ttft, tpot if args.tokens > 1 else [], len(results), failed)
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("url")
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--tokens", type=int, required=True)
-    parser.add_argument("--prompt-words", type=int, default=16)
-    parser.add_argument("--requests", type=int, required=True)
-    parser.add_argument("--concurrency", type=int)
-    parser.add_argument("--rate", type=float)
-    parser.add_argument("--warmup", type=int, default=0)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
-    if (args.concurrency is None) == (args.rate is None):
-        parser.error("give one of --concurrency and --rate")
-    args.out.write_text(json.dumps(asyncio.run(main(args))) + "\n")
+    cli(__doc__ or "", main)
